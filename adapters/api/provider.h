@@ -1,0 +1,115 @@
+#pragma once
+
+// The provider interface: what the broker needs from a sandbox backend
+// (local namespaces, E2B, Daytona, ...). Plain types, no I/O, no gRPC.
+
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace sandbox {
+
+enum class Language { kPython, kNode, kShell };
+
+// "python", "node" or "shell".
+absl::string_view LanguageName(Language language);
+
+enum class OutputStream { kStdout, kStderr };
+
+// What a new sandbox is for. Identity fields let a provider tag its remote
+// sandboxes so they can be traced back and reconciled.
+struct SandboxSpec {
+  std::string tenant;
+  std::string session_id;
+  std::string broker_instance_id;
+  std::string template_name;  // empty = the provider's default
+  Language language = Language::kPython;
+  std::map<std::string, std::string> env;  // applied to every exec
+  std::map<std::string, std::string> labels;
+};
+
+struct ExecRequest {
+  Language language = Language::kPython;
+  // The program text (python/node source, or a bash script). Any bytes.
+  std::string code;
+  absl::Duration timeout = absl::Seconds(30);
+  // Merged over the sandbox's env.
+  std::map<std::string, std::string> env;
+  size_t max_output_bytes = 64 * 1024;
+  // Optional: called with each chunk as it is produced, in order, before the
+  // call returns. The chunks together are the (capped) output.
+  std::function<void(OutputStream, absl::string_view)> on_output;
+  // Optional: polled while the process runs; true kills it (the whole tree).
+  std::function<bool()> cancelled;
+};
+
+struct ExecResult {
+  // stdout+stderr in arrival order, raw bytes, at most max_output_bytes.
+  std::string output;
+  // The process's exit code; 128+N when killed by signal N; 124 on timeout.
+  int exit_code = 0;
+  bool timed_out = false;
+  bool truncated = false;
+  // Killed because `cancelled` returned true.
+  bool cancelled = false;
+};
+
+// One provider sandbox. Owned by exactly one session.
+//
+// Thread-safe: Exec, WriteFile and ReadFile may run concurrently. After
+// Destroy, every method fails with FAILED_PRECONDITION.
+class Sandbox {
+ public:
+  virtual ~Sandbox() = default;
+
+  // Unique per sandbox; never reused.
+  virtual const std::string& id() const = 0;
+
+  // Runs a program. A nonzero exit, a timeout or a cancellation is a result.
+  // Errors: INVALID_ARGUMENT (bad env), UNAVAILABLE (provider unreachable),
+  // FAILED_PRECONDITION (destroyed), INTERNAL. Not idempotent.
+  virtual absl::StatusOr<ExecResult> Exec(const ExecRequest& request) = 0;
+
+  // Writes `data` at `path` (relative paths resolve in the sandbox's working
+  // directory), creating parents. Errors: INVALID_ARGUMENT (bad path, a
+  // directory), PERMISSION_DENIED (escapes the workspace), RESOURCE_EXHAUSTED,
+  // UNAVAILABLE. Idempotent.
+  virtual absl::Status WriteFile(absl::string_view path,
+                                 absl::string_view data) = 0;
+
+  // Reads the file at `path`; nullopt when it does not exist. Errors as
+  // WriteFile. Idempotent.
+  virtual absl::StatusOr<std::optional<std::string>> ReadFile(
+      absl::string_view path) = 0;
+
+  // Tells the provider the sandbox is still in use (for providers with their
+  // own idle timers). Idempotent.
+  virtual absl::Status KeepAlive() { return absl::OkStatus(); }
+
+  // Destroys the sandbox: kills what runs in it and frees its resources.
+  // Idempotent; a sandbox that is already gone is success.
+  virtual absl::Status Destroy() = 0;
+};
+
+// A sandbox backend. Thread-safe.
+class Provider {
+ public:
+  virtual ~Provider() = default;
+  virtual absl::string_view name() const = 0;
+  // Creates a sandbox. Errors: FAILED_PRECONDITION (misconfigured, e.g. a
+  // missing API key), RESOURCE_EXHAUSTED (provider capacity), UNAVAILABLE
+  // (unreachable; retryable), INVALID_ARGUMENT (bad template/spec). A failed
+  // create leaves nothing behind. Not idempotent.
+  virtual absl::StatusOr<std::unique_ptr<Sandbox>> Create(
+      const SandboxSpec& spec) = 0;
+};
+
+}  // namespace sandbox

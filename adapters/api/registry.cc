@@ -1,0 +1,49 @@
+#include "adapters/api/registry.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace sandbox {
+
+absl::string_view LanguageName(Language language) {
+  switch (language) {
+    case Language::kPython:
+      return "python";
+    case Language::kNode:
+      return "node";
+    case Language::kShell:
+      return "shell";
+  }
+  return "python";
+}
+
+void ProviderRegistry::Add(std::unique_ptr<Provider> provider) {
+  std::string name(provider->name());
+  unavailable_.erase(name);
+  providers_[name] = std::move(provider);
+}
+
+void ProviderRegistry::AddUnavailable(std::string name, std::string reason) {
+  providers_.erase(name);
+  unavailable_[std::move(name)] = std::move(reason);
+}
+
+absl::StatusOr<Provider*> ProviderRegistry::Find(absl::string_view name) const {
+  if (auto it = providers_.find(name); it != providers_.end()) {
+    return it->second.get();
+  }
+  if (auto it = unavailable_.find(name); it != unavailable_.end()) {
+    return absl::FailedPreconditionError(it->second);
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("unknown provider \"", name, "\" (configured: ",
+                   absl::StrJoin(Names(), ", "), ")"));
+}
+
+std::vector<std::string> ProviderRegistry::Names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, p] : providers_) out.push_back(name);
+  return out;
+}
+
+}  // namespace sandbox

@@ -1,0 +1,394 @@
+#include "adapters/local/local_provider.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "adapters/local/workspace_fs.h"
+#include "common/config_reader.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "common/text.h"
+
+namespace sandbox {
+
+// Hands out sandbox uids; a uid is reused only after its sandbox is
+// destroyed (all its processes dead, its workspace removed).
+class LocalProvider::UidPool {
+ public:
+  UidPool(int64_t base, int64_t count) : base_(base), count_(count) {}
+  absl::StatusOr<int> Acquire() {
+    absl::MutexLock l(&mu_);
+    if (!free_.empty()) {
+      int uid = free_.back();
+      free_.pop_back();
+      return uid;
+    }
+    if (next_ >= count_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "local: all ", count_, " sandbox uids are in use (providers.local.uid_count)"));
+    }
+    return static_cast<int>(base_ + next_++);
+  }
+  void Release(int uid) {
+    absl::MutexLock l(&mu_);
+    free_.push_back(uid);
+  }
+
+ private:
+  const int64_t base_, count_;
+  absl::Mutex mu_;
+  std::vector<int> free_ ABSL_GUARDED_BY(mu_);
+  int64_t next_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+namespace {
+
+// /etc entries programs need; the rest of /etc (and every config file of
+// the broker) stays invisible.
+const char* const kEtcAllowList[] = {
+    "alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd",
+    "group", "nsswitch.conf", "localtime", "timezone", "ssl", "ca-certificates",
+    "mime.types", "hosts", "host.conf", "bash.bashrc", "profile", "inputrc",
+    "terminfo", "magic", "locale.alias", "locale.gen", "python3", "python3.11",
+    "debian_version", "os-release", "protocols", "services"};
+
+const char* const kTopLevelDirs[] = {"bin", "sbin", "lib", "lib32", "lib64", "libx32"};
+
+std::string DefaultWorkspaceRoot() {
+  if (geteuid() == 0) return "/var/lib/sandbox-broker/workspaces";
+  const char* tmp = getenv("TMPDIR");
+  return absl::StrCat(tmp && *tmp ? tmp : "/tmp", "/sandbox-broker-", geteuid(),
+                      "/workspaces");
+}
+
+absl::Status MakeDirs(const std::string& path, mode_t mode) {
+  std::string cur;
+  for (size_t i = 1; i <= path.size(); ++i) {
+    if (i == path.size() || path[i] == '/') {
+      cur = path.substr(0, i);
+      if (mkdir(cur.c_str(), mode) != 0 && errno != EEXIST) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("local: cannot create ", cur, ": ", strerror(errno)));
+      }
+    }
+  }
+  // Sandbox uids must be able to traverse to their workspace.
+  chmod(path.c_str(), mode);
+  return absl::OkStatus();
+}
+
+class LocalSandbox final : public Sandbox {
+ public:
+  LocalSandbox(const LocalProvider* provider,
+               std::shared_ptr<LocalProvider::UidPool> uids, std::string id,
+               std::string workspace, int uid, const SandboxSpec& spec)
+      : provider_(provider),
+        uids_(std::move(uids)),
+        id_(std::move(id)),
+        workspace_(std::move(workspace)),
+        uid_(uid),
+        env_(spec.env),
+        fs_(workspace_, provider->config().mount_point, uid, uid,
+            static_cast<size_t>(provider->config().max_transfer_bytes)) {}
+
+  ~LocalSandbox() override { (void)Destroy(); }
+
+  const std::string& id() const override { return id_; }
+
+  absl::StatusOr<ExecResult> Exec(const ExecRequest& request) override {
+    const LocalConfig& cfg = provider_->config();
+    ProcessSpec p;
+    std::vector<std::string> cmd;
+    switch (request.language) {
+      case Language::kPython:
+        cmd = {"python3", "-"};
+        p.stdin_data = request.code;
+        break;
+      case Language::kNode:
+        cmd = {"node", "-"};
+        p.stdin_data = request.code;
+        break;
+      case Language::kShell:
+        cmd = {"bash", "/dev/fd/3"};
+        p.fd3_data = request.code;
+        break;
+    }
+    // An empty program still needs its (empty) input rather than /dev/null
+    // semantics to differ; both read as empty, so nothing to do.
+    p.argv = provider_->WrapCommand(workspace_, cmd);
+    const std::string home =
+        cfg.isolation == "none" ? workspace_ : cfg.mount_point;
+    std::map<std::string, std::string> env = {
+        {"PATH", "/usr/local/bin:/usr/bin:/bin"},
+        {"HOME", home},
+        {"LANG", "C.UTF-8"}};
+    for (const auto& [k, v] : env_) env[k] = v;
+    for (const auto& [k, v] : request.env) env[k] = v;
+    for (const auto& [k, v] : env) p.env.push_back(absl::StrCat(k, "=", v));
+    if (cfg.isolation == "none") {
+      // Without bwrap there is no PATH lookup by a wrapper.
+      p.argv[0] = cmd[0] == "python3" ? "/usr/bin/python3"
+                  : cmd[0] == "node"  ? "/usr/bin/node"
+                                      : "/bin/bash";
+      p.cwd = workspace_;
+    }
+    p.uid = uid_;
+    p.gid = uid_;
+    p.limits.cpu_seconds = static_cast<uint64_t>(cfg.cpu_seconds);
+    p.limits.address_space_bytes = static_cast<uint64_t>(cfg.memory_bytes);
+    // RLIMIT_NPROC counts every process of the uid: only meaningful when the
+    // sandbox has a uid of its own.
+    p.limits.max_processes = uid_ >= 0 ? static_cast<uint64_t>(cfg.max_processes) : 0;
+    p.limits.file_size_bytes = static_cast<uint64_t>(cfg.file_size_bytes);
+    p.limits.open_files = static_cast<uint64_t>(cfg.open_files);
+    p.timeout = request.timeout;
+    p.max_output_bytes = request.max_output_bytes;
+    p.on_output = request.on_output;
+    p.cancelled = request.cancelled;
+    p.on_pid = [this](pid_t pid) {
+      absl::MutexLock l(&mu_);
+      if (pid > 0) {
+        ++running_;
+        pids_.insert(pid);
+        if (destroyed_) kill(-pid, SIGKILL);
+      } else {
+        --running_;
+      }
+    };
+    {
+      absl::MutexLock l(&mu_);
+      if (destroyed_) {
+        return absl::FailedPreconditionError("local: sandbox is closed");
+      }
+      ++starting_;
+    }
+    absl::StatusOr<ExecResult> r = RunProcess(p);
+    {
+      absl::MutexLock l(&mu_);
+      --starting_;
+    }
+    return r;
+  }
+
+  absl::Status WriteFile(absl::string_view path, absl::string_view data) override {
+    RETURN_IF_ERROR(CheckOpen());
+    return fs_.Write(path, data);
+  }
+
+  absl::StatusOr<std::optional<std::string>> ReadFile(absl::string_view path) override {
+    RETURN_IF_ERROR(CheckOpen());
+    return fs_.Read(path);
+  }
+
+  absl::Status Destroy() override {
+    {
+      absl::MutexLock l(&mu_);
+      if (destroyed_) return absl::OkStatus();
+      destroyed_ = true;
+      for (pid_t pid : pids_) kill(-pid, SIGKILL);
+      // Runs reap their own children; wait until every one has.
+      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return running_ == 0 && starting_ == 0;
+      };
+      mu_.Await(absl::Condition(&idle));
+    }
+    absl::Status s = RemoveTree(workspace_);
+    if (uid_ >= 0 && uids_) uids_->Release(uid_);
+    Log(LogLevel::kDebug, "local.sandbox_destroyed", {{"sandbox_id", id_}});
+    return s;
+  }
+
+ private:
+  absl::Status CheckOpen() {
+    absl::MutexLock l(&mu_);
+    if (destroyed_) return absl::FailedPreconditionError("local: sandbox is closed");
+    return absl::OkStatus();
+  }
+
+  const LocalProvider* const provider_;
+  const std::shared_ptr<LocalProvider::UidPool> uids_;
+  const std::string id_;
+  const std::string workspace_;
+  const int uid_;
+  const std::map<std::string, std::string> env_;
+  const WorkspaceFs fs_;
+
+  absl::Mutex mu_;
+  bool destroyed_ ABSL_GUARDED_BY(mu_) = false;
+  int running_ ABSL_GUARDED_BY(mu_) = 0;   // started, not yet reaped
+  int starting_ ABSL_GUARDED_BY(mu_) = 0;  // inside Exec
+  std::set<pid_t> pids_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<LocalConfig> ParseLocalConfig(const nlohmann::json& json) {
+  LocalConfig c;
+  ConfigReader r(json, "providers.local");
+  c.isolation = r.Enum("isolation", c.isolation, {"bwrap", "none"});
+  c.bwrap_path = r.String("bwrap_path", c.bwrap_path, false);
+  c.workspace_root = r.String("workspace_root", c.workspace_root);
+  c.mount_point = r.String("mount_point", c.mount_point, false);
+  c.uid_base = r.Int("uid_base", c.uid_base, 1000, 2000000000);
+  c.uid_count = r.Int("uid_count", c.uid_count, 1, 1000000);
+  c.cpu_seconds = r.Int("cpu_seconds", c.cpu_seconds, 1);
+  c.memory_bytes = r.Int("memory_bytes", c.memory_bytes, 64 << 20);
+  c.max_processes = r.Int("max_processes", c.max_processes, 1);
+  c.file_size_bytes = r.Int("file_size_bytes", c.file_size_bytes, 1);
+  c.open_files = r.Int("open_files", c.open_files, 16);
+  c.max_transfer_bytes = r.Int("max_transfer_bytes", c.max_transfer_bytes, 1);
+  c.extra_ro_paths = r.StringList("extra_ro_paths");
+  RETURN_IF_ERROR(r.Finish());
+  if (c.mount_point.front() != '/' || c.mount_point == "/" ||
+      c.mount_point.find("..") != std::string::npos) {
+    return absl::InvalidArgumentError(
+        "providers.local.mount_point: must be an absolute path below /");
+  }
+  for (const auto& p : c.extra_ro_paths) {
+    if (p.empty() || p.front() != '/') {
+      return absl::InvalidArgumentError(
+          "providers.local.extra_ro_paths: entries must be absolute paths");
+    }
+  }
+  return c;
+}
+
+LocalProvider::LocalProvider(LocalConfig config, std::shared_ptr<UidPool> uids)
+    : config_(std::move(config)), uids_(std::move(uids)) {
+  // Mirror the host's top level: merged-/usr symlinks stay symlinks.
+  system_args_ = {"--ro-bind", "/usr", "/usr"};
+  for (const char* d : kTopLevelDirs) {
+    std::string host = absl::StrCat("/", d);
+    char target[4096];
+    ssize_t n = readlink(host.c_str(), target, sizeof(target) - 1);
+    if (n > 0) {
+      system_args_.insert(system_args_.end(),
+                          {"--symlink", std::string(target, static_cast<size_t>(n)), host});
+    } else {
+      system_args_.insert(system_args_.end(), {"--ro-bind-try", host, host});
+    }
+  }
+  for (const char* e : kEtcAllowList) {
+    std::string p = absl::StrCat("/etc/", e);
+    system_args_.insert(system_args_.end(), {"--ro-bind-try", p, p});
+  }
+  for (const auto& p : config_.extra_ro_paths) {
+    system_args_.insert(system_args_.end(), {"--ro-bind-try", p, p});
+  }
+}
+
+std::vector<std::string> LocalProvider::WrapCommand(
+    const std::string& workspace, const std::vector<std::string>& command) const {
+  if (config_.isolation == "none") return command;
+  std::vector<std::string> a = {config_.bwrap_path,
+                                "--unshare-user",
+                                "--unshare-pid",
+                                "--unshare-net",
+                                "--unshare-ipc",
+                                "--unshare-uts",
+                                "--unshare-cgroup-try",
+                                "--die-with-parent",
+                                "--new-session",
+                                "--hostname",
+                                "sandbox"};
+  a.insert(a.end(), system_args_.begin(), system_args_.end());
+  a.insert(a.end(), {"--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+                     "--bind", workspace, config_.mount_point, "--chdir",
+                     config_.mount_point, "--"});
+  a.insert(a.end(), command.begin(), command.end());
+  return a;
+}
+
+absl::Status LocalProvider::Probe() {
+  if (config_.isolation == "none") {
+    Log(LogLevel::kWarning, "local.isolation_none",
+        {{"message",
+          "providers.local.isolation is \"none\": sandboxed code runs WITHOUT "
+          "isolation, with the broker's view of the machine; development only"}});
+    return absl::OkStatus();
+  }
+  if (access(config_.bwrap_path.c_str(), X_OK) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "local: bubblewrap not found at ", config_.bwrap_path,
+        " (install the bubblewrap package, or set providers.local.bwrap_path)"));
+  }
+  // One real sandbox, the way runs will use it.
+  std::string ws = absl::StrCat(config_.workspace_root, "/.probe-", RandomHex(8));
+  if (mkdir(ws.c_str(), 0700) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("local: cannot create ", ws, ": ", strerror(errno)));
+  }
+  int uid = -1;
+  if (uids_) {
+    auto u = uids_->Acquire();
+    if (!u.ok()) return u.status();
+    uid = *u;
+    (void)!chown(ws.c_str(), static_cast<uid_t>(uid), static_cast<gid_t>(uid));
+  }
+  ProcessSpec p;
+  p.argv = WrapCommand(ws, {"/bin/sh", "-c", "exit 0"});
+  p.env = {"PATH=/usr/bin:/bin"};
+  p.uid = uid;
+  p.gid = uid;
+  p.timeout = absl::Seconds(30);
+  auto r = RunProcess(p);
+  (void)RemoveTree(ws);
+  if (uid >= 0) uids_->Release(uid);
+  if (!r.ok() || r->exit_code != 0) {
+    std::string why = r.ok() ? r->output : std::string(r.status().message());
+    while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "local: bubblewrap cannot create namespaces here (", why,
+        "); enable unprivileged user namespaces, or set "
+        "providers.local.isolation to \"none\" for development only"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<LocalProvider>> LocalProvider::Create(LocalConfig config) {
+  if (config.workspace_root.empty()) config.workspace_root = DefaultWorkspaceRoot();
+  RETURN_IF_ERROR(MakeDirs(config.workspace_root, 0711));
+  std::shared_ptr<UidPool> uids;
+  if (geteuid() == 0 && config.isolation == "bwrap") {
+    uids = std::make_shared<UidPool>(config.uid_base, config.uid_count);
+  }
+  std::unique_ptr<LocalProvider> p(new LocalProvider(std::move(config), std::move(uids)));
+  RETURN_IF_ERROR(p->Probe());
+  return p;
+}
+
+absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Create(const SandboxSpec& spec) {
+  for (const auto& [k, v] : spec.env) {
+    if (k.empty() || k.find_first_of("=\0", 0, 2) != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("invalid env name \"", k, "\""));
+    }
+  }
+  std::string id = absl::StrCat("local-", RandomHex(12));
+  std::string ws = absl::StrCat(config_.workspace_root, "/", id);
+  int uid = -1;
+  if (uids_) {
+    ASSIGN_OR_RETURN(uid, uids_->Acquire());
+  }
+  if (mkdir(ws.c_str(), 0700) != 0 ||
+      (uid >= 0 && chown(ws.c_str(), static_cast<uid_t>(uid), static_cast<gid_t>(uid)) != 0)) {
+    int err = errno;
+    rmdir(ws.c_str());
+    if (uid >= 0) uids_->Release(uid);
+    return absl::InternalError(
+        absl::StrCat("local: create workspace: ", strerror(err)));
+  }
+  return std::unique_ptr<Sandbox>(
+      new LocalSandbox(this, uids_, std::move(id), std::move(ws), uid, spec));
+}
+
+}  // namespace sandbox

@@ -1,0 +1,51 @@
+#pragma once
+
+#include <optional>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace sandbox {
+
+// File access confined to one workspace directory, safe against paths and
+// symlinks chosen by untrusted code: every component is opened relative to
+// its parent with O_NOFOLLOW, so nothing outside the workspace is read,
+// written or created, even if sandboxed code swaps directories for symlinks
+// concurrently. Symlinks, hard-linked files, devices and FIFOs are refused.
+//
+// Thread-safe (stateless apart from constants).
+class WorkspaceFs {
+ public:
+  // `root` is the workspace on the host; `mount_point` is where sandboxed
+  // code sees it (absolute paths under it are accepted). New files and
+  // directories are owned by uid/gid (-1 = leave as created).
+  WorkspaceFs(std::string root, std::string mount_point, int uid, int gid,
+              size_t max_file_bytes);
+
+  // The path's components relative to the workspace. INVALID_ARGUMENT for an
+  // empty or malformed path, PERMISSION_DENIED for one that leaves the
+  // workspace (absolute elsewhere, or ".." above the root).
+  absl::StatusOr<std::vector<std::string>> Resolve(absl::string_view path) const;
+
+  // Writes `data` (replacing any file there), creating parent directories.
+  absl::Status Write(absl::string_view path, absl::string_view data) const;
+
+  // The file's bytes, or nullopt when it (or a parent) does not exist.
+  // RESOURCE_EXHAUSTED when it is larger than max_file_bytes.
+  absl::StatusOr<std::optional<std::string>> Read(absl::string_view path) const;
+
+ private:
+  const std::string root_;
+  const std::string mount_point_;
+  const int uid_;
+  const int gid_;
+  const size_t max_file_bytes_;
+};
+
+// Removes a directory tree without following symlinks. Missing is success.
+absl::Status RemoveTree(const std::string& path);
+
+}  // namespace sandbox

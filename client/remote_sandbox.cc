@@ -1,0 +1,162 @@
+#include "client/remote_sandbox.h"
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+
+namespace sandbox {
+namespace {
+// RPCs without a run timeout.
+constexpr absl::Duration kCallTimeout = absl::Seconds(120);
+// Added to a run's own timeout for the RPC deadline.
+constexpr absl::Duration kRunMargin = absl::Seconds(60);
+}  // namespace
+
+absl::Status FromGrpcStatus(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+RemoteSandbox::RemoteSandbox(std::shared_ptr<pb::SandboxBroker::StubInterface> stub,
+                             std::string session_id, std::string token, pb::SessionSpec spec)
+    : stub_(std::move(stub)),
+      session_id_(std::move(session_id)),
+      token_(std::move(token)),
+      spec_(std::move(spec)) {}
+
+std::unique_ptr<RemoteSandbox> RemoteSandbox::Connect(const std::string& address,
+                                                      const std::string& token,
+                                                      const std::string& session_id,
+                                                      pb::SessionSpec spec) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  auto channel =
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return std::make_unique<RemoteSandbox>(pb::SandboxBroker::NewStub(channel), session_id,
+                                         token, std::move(spec));
+}
+
+void RemoteSandbox::Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const {
+  if (!token_.empty()) ctx->AddMetadata("authorization", absl::StrCat("Bearer ", token_));
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+absl::StatusOr<pb::SessionInfo> RemoteSandbox::Start() {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, kCallTimeout);
+  pb::StartSessionRequest req;
+  req.set_session_id(session_id_);
+  *req.mutable_spec() = spec_;
+  pb::SessionInfo resp;
+  grpc::Status s = stub_->StartSession(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp;
+}
+
+absl::StatusOr<pb::RunResult> RemoteSandbox::Run(const std::string& code,
+                                                 const RemoteRunOptions& options) {
+  grpc::ClientContext ctx;
+  // The broker's own default timeout is at most its max; allow for it.
+  const int t = options.timeout_seconds > 0 ? options.timeout_seconds : 3600;
+  Prepare(&ctx, absl::Seconds(t) + kRunMargin);
+  pb::RunRequest req;
+  req.set_session_id(session_id_);
+  req.set_code(code);
+  req.set_language(options.language);
+  req.set_timeout_seconds(options.timeout_seconds);
+  req.mutable_env()->insert(options.env.begin(), options.env.end());
+  *req.mutable_spec() = spec_;
+  pb::RunResult resp;
+  grpc::Status s = stub_->Run(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp;
+}
+
+absl::StatusOr<pb::RunResult> RemoteSandbox::Shell(const std::string& command,
+                                                   int timeout_seconds,
+                                                   const std::map<std::string, std::string>& env) {
+  grpc::ClientContext ctx;
+  const int t = timeout_seconds > 0 ? timeout_seconds : 3600;
+  Prepare(&ctx, absl::Seconds(t) + kRunMargin);
+  pb::ShellRequest req;
+  req.set_session_id(session_id_);
+  req.set_command(command);
+  req.set_timeout_seconds(timeout_seconds);
+  req.mutable_env()->insert(env.begin(), env.end());
+  *req.mutable_spec() = spec_;
+  pb::RunResult resp;
+  grpc::Status s = stub_->Shell(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp;
+}
+
+absl::Status RemoteSandbox::WriteFile(const std::string& path, const std::string& contents,
+                                      pb::Encoding encoding) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, kCallTimeout);
+  pb::WriteFileRequest req;
+  req.set_session_id(session_id_);
+  req.set_path(path);
+  req.set_contents(contents);
+  req.set_encoding(encoding);
+  *req.mutable_spec() = spec_;
+  pb::WriteFileResponse resp;
+  return FromGrpcStatus(stub_->WriteFile(&ctx, req, &resp));
+}
+
+absl::StatusOr<std::optional<std::string>> RemoteSandbox::ReadFile(const std::string& path,
+                                                                   pb::Encoding encoding) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, kCallTimeout);
+  pb::ReadFileRequest req;
+  req.set_session_id(session_id_);
+  req.set_path(path);
+  req.set_encoding(encoding);
+  *req.mutable_spec() = spec_;
+  pb::ReadFileResponse resp;
+  grpc::Status s = stub_->ReadFile(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  if (!resp.found()) return std::optional<std::string>();
+  return std::optional<std::string>(std::move(*resp.mutable_contents()));
+}
+
+absl::StatusOr<bool> RemoteSandbox::Close() {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, kCallTimeout);
+  pb::CloseSessionRequest req;
+  req.set_session_id(session_id_);
+  pb::CloseSessionResponse resp;
+  grpc::Status s = stub_->CloseSession(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp.existed();
+}
+
+absl::StatusOr<pb::SessionInfo> RemoteSandbox::Info() {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, kCallTimeout);
+  pb::GetSessionRequest req;
+  req.set_session_id(session_id_);
+  pb::SessionInfo resp;
+  grpc::Status s = stub_->GetSession(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp;
+}
+
+absl::StatusOr<std::vector<pb::SessionInfo>> RemoteSandbox::ListSessions() {
+  std::vector<pb::SessionInfo> out;
+  std::string token;
+  do {
+    grpc::ClientContext ctx;
+    Prepare(&ctx, kCallTimeout);
+    pb::ListSessionsRequest req;
+    req.set_page_token(token);
+    pb::ListSessionsResponse resp;
+    grpc::Status s = stub_->ListSessions(&ctx, req, &resp);
+    if (!s.ok()) return FromGrpcStatus(s);
+    for (auto& info : *resp.mutable_sessions()) out.push_back(std::move(info));
+    token = resp.next_page_token();
+  } while (!token.empty());
+  return out;
+}
+
+}  // namespace sandbox

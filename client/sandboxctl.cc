@@ -1,0 +1,209 @@
+// sandboxctl: a command-line client for the sandbox broker.
+//
+// Exit codes: run/shell exit with the sandbox program's exit code (124 on
+// timeout); otherwise 0 = ok, 64 = usage error, 66 = `read` of a missing
+// file, 69 = the broker returned an error (printed as "CODE: message"),
+// 74 = local I/O error.
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/time/time.h"
+#include "client/remote_sandbox.h"
+
+namespace {
+
+using sandbox::pb::Encoding;
+using sandbox::pb::Language;
+
+constexpr int kExitUsage = 64;
+constexpr int kExitNotFound = 66;
+constexpr int kExitRpc = 69;
+constexpr int kExitIo = 74;
+
+constexpr char kUsage[] = R"(usage: sandboxctl [flags] COMMAND [ARGS]
+
+commands:
+  run CODE|-            run code (python by default; see --lang)
+  shell COMMAND|-       run a bash command
+  write PATH DATA|-     write a file (DATA, or stdin with -; binary-safe)
+  read PATH             print a file's bytes (exit 66 if missing)
+  close                 close the session (destroys its sandbox)
+  sessions              list your sessions
+  info                  show the session
+
+flags:
+  --addr HOST:PORT      broker address ($SANDBOX_BROKER_ADDR, default 127.0.0.1:50051)
+  --token TOKEN         bearer token ($SANDBOX_BROKER_TOKEN)
+  --session ID          session id ($SANDBOX_SESSION, default "cli")
+  --lang python|node|shell
+  --timeout SECONDS     run timeout (0 = broker default)
+  --provider NAME       provider for a new session (default: broker's)
+  --env K=V             environment for run/shell (repeatable)
+
+exit codes: run/shell exit with the program's code (124 = timed out);
+  64 usage, 66 file not found, 69 broker error, 74 local I/O error.
+)";
+
+int Usage(const std::string& why) {
+  std::cerr << "sandboxctl: " << why << "\n\n" << kUsage;
+  return kExitUsage;
+}
+
+int RpcError(const absl::Status& s) {
+  std::cerr << "sandboxctl: " << absl::StatusCodeToString(s.code()) << ": " << s.message()
+            << "\n";
+  return kExitRpc;
+}
+
+const char* EnvOr(const char* name, const char* def) {
+  const char* v = getenv(name);
+  return v && *v ? v : def;
+}
+
+std::string ReadStdin() {
+  std::string data((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+  return data;
+}
+
+std::string TextOf(const google::protobuf::Timestamp& ts) {
+  if (ts.seconds() == 0 && ts.nanos() == 0) return "-";
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixSeconds(ts.seconds()),
+                          absl::UTCTimeZone());
+}
+
+void PrintInfo(const sandbox::pb::SessionInfo& i) {
+  std::cout << i.session_id() << "\tprovider=" << i.provider() << "\tsandbox=" << i.sandbox_id()
+            << "\tstate=" << sandbox::pb::SessionState_Name(i.state())
+            << "\tcreated=" << TextOf(i.created_at())
+            << "\tidle_expires=" << TextOf(i.idle_expires_at()) << "\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string addr = EnvOr("SANDBOX_BROKER_ADDR", "127.0.0.1:50051");
+  std::string token = EnvOr("SANDBOX_BROKER_TOKEN", "");
+  std::string session = EnvOr("SANDBOX_SESSION", "cli");
+  std::string provider;
+  Language lang = sandbox::pb::LANGUAGE_UNSPECIFIED;
+  int timeout = 0;
+  std::map<std::string, std::string> env;
+  std::vector<std::string> args;
+
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&](std::string* out) {
+      if (i + 1 >= argc) return false;
+      *out = argv[++i];
+      return true;
+    };
+    std::string v;
+    if (a == "-h" || a == "--help") {
+      std::cout << kUsage;
+      return 0;
+    } else if (a == "--addr") {
+      if (!next(&addr)) return Usage("--addr needs a value");
+    } else if (a == "--token") {
+      if (!next(&token)) return Usage("--token needs a value");
+    } else if (a == "--session") {
+      if (!next(&session)) return Usage("--session needs a value");
+    } else if (a == "--provider") {
+      if (!next(&provider)) return Usage("--provider needs a value");
+    } else if (a == "--lang") {
+      if (!next(&v)) return Usage("--lang needs a value");
+      if (v == "python") lang = sandbox::pb::LANGUAGE_PYTHON;
+      else if (v == "node") lang = sandbox::pb::LANGUAGE_NODE;
+      else if (v == "shell") lang = sandbox::pb::LANGUAGE_SHELL;
+      else return Usage("--lang must be python, node or shell");
+    } else if (a == "--timeout") {
+      if (!next(&v) || !absl::SimpleAtoi(v, &timeout) || timeout < 0)
+        return Usage("--timeout needs a number of seconds");
+    } else if (a == "--env") {
+      if (!next(&v) || v.find('=') == std::string::npos || v.front() == '=')
+        return Usage("--env needs K=V");
+      env[v.substr(0, v.find('='))] = v.substr(v.find('=') + 1);
+    } else if (a.size() > 1 && a[0] == '-' && a != "-") {
+      return Usage("unknown flag " + a);
+    } else {
+      args.push_back(a);
+    }
+  }
+  if (args.empty()) return Usage("missing command");
+  const std::string cmd = args[0];
+  auto arg = [&](size_t k) -> std::string {
+    if (args[k] == "-") return ReadStdin();
+    return args[k];
+  };
+
+  sandbox::pb::SessionSpec spec;
+  spec.set_provider(provider);
+  auto sb = sandbox::RemoteSandbox::Connect(addr, token, session, spec);
+
+  if (cmd == "run" || cmd == "shell") {
+    if (args.size() != 2) return Usage(cmd + " takes one argument (or - for stdin)");
+    absl::StatusOr<sandbox::pb::RunResult> r;
+    if (cmd == "run") {
+      sandbox::RemoteRunOptions o;
+      o.language = lang;
+      o.timeout_seconds = timeout;
+      o.env = env;
+      r = sb->Run(arg(1), o);
+    } else {
+      r = sb->Shell(arg(1), timeout, env);
+    }
+    if (!r.ok()) return RpcError(r.status());
+    std::cout << r->output() << std::flush;
+    if (r->truncated()) std::cerr << "sandboxctl: output truncated\n";
+    if (r->timed_out()) std::cerr << "sandboxctl: timed out\n";
+    return r->exit_code() & 0xff;
+  }
+  if (cmd == "write") {
+    if (args.size() != 3) return Usage("write takes PATH and DATA (or - for stdin)");
+    std::string data = arg(2);
+    absl::Status s = sb->WriteFile(args[1], absl::Base64Escape(data), sandbox::pb::ENCODING_BASE64);
+    if (!s.ok()) return RpcError(s);
+    return 0;
+  }
+  if (cmd == "read") {
+    if (args.size() != 2) return Usage("read takes PATH");
+    auto r = sb->ReadFile(args[1], sandbox::pb::ENCODING_BASE64);
+    if (!r.ok()) return RpcError(r.status());
+    if (!r->has_value()) {
+      std::cerr << "sandboxctl: " << args[1] << ": file not found\n";
+      return kExitNotFound;
+    }
+    std::string bytes;
+    if (!absl::Base64Unescape(**r, &bytes)) {
+      std::cerr << "sandboxctl: broker sent invalid base64\n";
+      return kExitIo;
+    }
+    if (fwrite(bytes.data(), 1, bytes.size(), stdout) != bytes.size()) return kExitIo;
+    return 0;
+  }
+  if (cmd == "close") {
+    auto r = sb->Close();
+    if (!r.ok()) return RpcError(r.status());
+    std::cout << (*r ? "closed\n" : "no such session\n");
+    return 0;
+  }
+  if (cmd == "sessions") {
+    auto r = sb->ListSessions();
+    if (!r.ok()) return RpcError(r.status());
+    for (const auto& i : *r) PrintInfo(i);
+    return 0;
+  }
+  if (cmd == "info") {
+    auto r = sb->Info();
+    if (!r.ok()) return RpcError(r.status());
+    PrintInfo(*r);
+    return 0;
+  }
+  return Usage("unknown command " + cmd);
+}

@@ -1,0 +1,80 @@
+#include "common/text.h"
+
+#include <sys/random.h>
+
+#include <cstdint>
+#include <cstdlib>
+
+#include "absl/strings/escaping.h"
+
+namespace sandbox {
+namespace {
+
+// Length of the well-formed UTF-8 sequence at in[i], or 0 if it is not one.
+size_t ValidSequenceLength(absl::string_view in, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<uint8_t>(in[k]); };
+  const uint8_t c = b(i);
+  if (c < 0x80) return 1;
+  size_t n;
+  uint8_t lo = 0x80, hi = 0xBF;
+  if (c >= 0xC2 && c <= 0xDF) {
+    n = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;  // no surrogates
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else {
+    return 0;
+  }
+  if (i + n > in.size()) return 0;
+  if (b(i + 1) < lo || b(i + 1) > hi) return 0;
+  for (size_t k = 2; k < n; ++k) {
+    if (b(i + k) < 0x80 || b(i + k) > 0xBF) return 0;
+  }
+  return n;
+}
+
+}  // namespace
+
+bool IsValidUtf8(absl::string_view in) {
+  for (size_t i = 0; i < in.size();) {
+    size_t n = ValidSequenceLength(in, i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
+std::string RepairUtf8(absl::string_view in) {
+  if (IsValidUtf8(in)) return std::string(in);
+  std::string out;
+  out.reserve(in.size() + 16);
+  for (size_t i = 0; i < in.size();) {
+    size_t n = ValidSequenceLength(in, i);
+    if (n == 0) {
+      out.append("\xEF\xBF\xBD");
+      ++i;
+    } else {
+      out.append(in.data() + i, n);
+      i += n;
+    }
+  }
+  return out;
+}
+
+std::string RandomHex(int bytes) {
+  std::string buf(static_cast<size_t>(bytes), '\0');
+  size_t got = 0;
+  while (got < buf.size()) {
+    ssize_t r = getrandom(buf.data() + got, buf.size() - got, 0);
+    if (r < 0) continue;  // EINTR; getrandom never fails otherwise here
+    got += static_cast<size_t>(r);
+  }
+  return absl::BytesToHexString(buf);
+}
+
+}  // namespace sandbox

@@ -1,0 +1,301 @@
+#include "server/broker_core.h"
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "common/text.h"
+
+namespace sandbox {
+namespace {
+
+constexpr int kDefaultPageSize = 100;
+constexpr int kMaxPageSize = 1000;
+
+void SetTime(absl::Time t, google::protobuf::Timestamp* ts) {
+  const int64_t ns = absl::ToUnixNanos(t);
+  ts->set_seconds(ns / 1000000000);
+  ts->set_nanos(static_cast<int32_t>(ns % 1000000000));
+}
+
+absl::StatusOr<Language> ToLanguage(pb::Language l) {
+  switch (l) {
+    case pb::LANGUAGE_UNSPECIFIED:
+    case pb::LANGUAGE_PYTHON:
+      return Language::kPython;
+    case pb::LANGUAGE_NODE:
+      return Language::kNode;
+    case pb::LANGUAGE_SHELL:
+      return Language::kShell;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown language ", static_cast<int>(l),
+                       " (use LANGUAGE_PYTHON, LANGUAGE_NODE or LANGUAGE_SHELL)"));
+  }
+}
+
+pb::Language FromLanguage(Language l) {
+  switch (l) {
+    case Language::kPython:
+      return pb::LANGUAGE_PYTHON;
+    case Language::kNode:
+      return pb::LANGUAGE_NODE;
+    case Language::kShell:
+      return pb::LANGUAGE_SHELL;
+  }
+  return pb::LANGUAGE_PYTHON;
+}
+
+template <typename Map>
+absl::Status ValidateEnv(const Map& env, absl::string_view where) {
+  for (const auto& [k, v] : env) {
+    if (k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": invalid variable name \"", RepairUtf8(k), "\""));
+    }
+    if (v.find('\0') != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": value of ", k, " contains a NUL byte"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Decode(const std::string& contents, pb::Encoding enc,
+                                   absl::string_view what) {
+  switch (enc) {
+    case pb::ENCODING_UTF8:
+      return contents;
+    case pb::ENCODING_BASE64: {
+      auto d = DecodeBase64Strict(contents);
+      if (!d.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": ", d.status().message()));
+      }
+      return d;
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": unknown encoding ", static_cast<int>(enc)));
+  }
+}
+
+}  // namespace
+
+absl::Status ValidateSessionId(const std::string& id) {
+  if (id.empty() || id.size() > 128) {
+    return absl::InvalidArgumentError("session_id must be 1-128 characters of [A-Za-z0-9._:-]");
+  }
+  for (char c : id) {
+    if (!(isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == ':' ||
+          c == '-')) {
+      return absl::InvalidArgumentError(
+          "session_id must be 1-128 characters of [A-Za-z0-9._:-]");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> DecodeBase64Strict(absl::string_view in) {
+  if (in.size() % 4 != 0) {
+    return absl::InvalidArgumentError("invalid base64: length is not a multiple of 4");
+  }
+  for (size_t i = 0; i < in.size(); ++i) {
+    const char c = in[i];
+    const bool alpha = isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '/';
+    const bool pad = c == '=' && i + 2 >= in.size() && (i + 1 == in.size() || in[i + 1] == '=');
+    if (!alpha && !pad) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("invalid base64: unexpected character at offset ", i));
+    }
+  }
+  std::string out;
+  if (!absl::Base64Unescape(in, &out)) {
+    return absl::InvalidArgumentError("invalid base64");
+  }
+  return out;
+}
+
+BrokerCore::BrokerCore(const BrokerConfig& config, SessionManager* sessions, Clock* clock)
+    : config_(config), sessions_(sessions), clock_(clock) {}
+
+absl::StatusOr<CreateOptions> BrokerCore::ToCreateOptions(const pb::SessionSpec& spec) const {
+  CreateOptions o;
+  o.provider = spec.provider();
+  o.template_name = spec.template_();
+  ASSIGN_OR_RETURN(o.language, ToLanguage(spec.language()));
+  o.language_set = spec.language() != pb::LANGUAGE_UNSPECIFIED;
+  RETURN_IF_ERROR(ValidateEnv(spec.env(), "spec.env"));
+  o.env.insert(spec.env().begin(), spec.env().end());
+  o.labels.insert(spec.labels().begin(), spec.labels().end());
+  for (const pb::File& f : spec.files()) {
+    ASSIGN_OR_RETURN(std::string data,
+                     Decode(f.contents(), f.encoding(), absl::StrCat("spec.files[", f.path(), "]")));
+    if (f.path().empty()) return absl::InvalidArgumentError("spec.files: path is empty");
+    o.files.emplace_back(f.path(), std::move(data));
+  }
+  return o;
+}
+
+void BrokerCore::ToInfo(const SessionView& v, pb::SessionInfo* info) const {
+  info->set_session_id(v.session_id);
+  info->set_provider(v.provider);
+  info->set_sandbox_id(v.sandbox_id);
+  switch (v.state) {
+    case SessionStateKind::kCreating:
+      info->set_state(pb::SESSION_STATE_CREATING);
+      break;
+    case SessionStateKind::kReady:
+      info->set_state(pb::SESSION_STATE_READY);
+      break;
+    case SessionStateKind::kClosing:
+      info->set_state(pb::SESSION_STATE_CLOSING);
+      break;
+  }
+  SetTime(v.created_at, info->mutable_created_at());
+  SetTime(v.last_active_at, info->mutable_last_active_at());
+  if (v.idle_expires_at) SetTime(*v.idle_expires_at, info->mutable_idle_expires_at());
+  if (v.expires_at) SetTime(*v.expires_at, info->mutable_expires_at());
+  info->set_language(FromLanguage(v.language));
+  info->set_template_(v.template_name);
+  info->mutable_labels()->insert(v.labels.begin(), v.labels.end());
+  info->set_calls_in_flight(v.calls_in_flight);
+}
+
+absl::StatusOr<pb::SessionInfo> BrokerCore::StartSession(const CallContext& ctx,
+                                                         const pb::StartSessionRequest& req) {
+  RETURN_IF_ERROR(ValidateSessionId(req.session_id()));
+  ASSIGN_OR_RETURN(CreateOptions o, ToCreateOptions(req.spec()));
+  {
+    ASSIGN_OR_RETURN(Lease lease, sessions_->Acquire(ctx.tenant, req.session_id(), &o));
+  }
+  ASSIGN_OR_RETURN(SessionView v, sessions_->Get(ctx.tenant, req.session_id()));
+  pb::SessionInfo info;
+  ToInfo(v, &info);
+  return info;
+}
+
+absl::StatusOr<pb::CloseSessionResponse> BrokerCore::CloseSession(
+    const CallContext& ctx, const pb::CloseSessionRequest& req) {
+  RETURN_IF_ERROR(ValidateSessionId(req.session_id()));
+  ASSIGN_OR_RETURN(bool existed, sessions_->Close(ctx.tenant, req.session_id()));
+  pb::CloseSessionResponse resp;
+  resp.set_existed(existed);
+  return resp;
+}
+
+absl::StatusOr<pb::SessionInfo> BrokerCore::GetSession(const CallContext& ctx,
+                                                       const pb::GetSessionRequest& req) {
+  RETURN_IF_ERROR(ValidateSessionId(req.session_id()));
+  ASSIGN_OR_RETURN(SessionView v, sessions_->Get(ctx.tenant, req.session_id()));
+  pb::SessionInfo info;
+  ToInfo(v, &info);
+  return info;
+}
+
+absl::StatusOr<pb::ListSessionsResponse> BrokerCore::ListSessions(
+    const CallContext& ctx, const pb::ListSessionsRequest& req) {
+  if (req.page_size() < 0) return absl::InvalidArgumentError("page_size must be >= 0");
+  const int size = req.page_size() == 0 ? kDefaultPageSize
+                                        : std::min(req.page_size(), kMaxPageSize);
+  std::string after;
+  if (!req.page_token().empty()) {
+    if (!absl::WebSafeBase64Unescape(req.page_token(), &after) ||
+        !ValidateSessionId(after).ok()) {
+      return absl::InvalidArgumentError("invalid page_token");
+    }
+  }
+  bool more = false;
+  std::vector<SessionView> views = sessions_->List(ctx.tenant, after, size, &more);
+  pb::ListSessionsResponse resp;
+  for (const auto& v : views) ToInfo(v, resp.add_sessions());
+  if (more && !views.empty()) {
+    resp.set_next_page_token(absl::WebSafeBase64Escape(views.back().session_id));
+  }
+  return resp;
+}
+
+absl::StatusOr<pb::RunResult> BrokerCore::Exec(
+    const CallContext& ctx, const std::string& session_id, const pb::SessionSpec& spec,
+    Language language, bool language_given, const std::string& code,
+    int32_t timeout_seconds, const google::protobuf::Map<std::string, std::string>& env) {
+  RETURN_IF_ERROR(ValidateSessionId(session_id));
+  if (code.empty()) return absl::InvalidArgumentError("code/command is empty");
+  if (timeout_seconds < 0) {
+    return absl::InvalidArgumentError("timeout_seconds must be >= 0 (0 = default)");
+  }
+  if (timeout_seconds > config_.max_timeout_seconds) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "timeout_seconds ", timeout_seconds, " exceeds max_timeout_seconds (",
+        config_.max_timeout_seconds, ")"));
+  }
+  RETURN_IF_ERROR(ValidateEnv(env, "env"));
+  ASSIGN_OR_RETURN(CreateOptions o, ToCreateOptions(spec));
+  ASSIGN_OR_RETURN(Lease lease, sessions_->Acquire(ctx.tenant, session_id, &o));
+
+  ExecRequest er;
+  er.language = language_given ? language : lease.language();
+  er.code = code;
+  er.timeout = absl::Seconds(timeout_seconds == 0 ? config_.default_timeout_seconds
+                                                  : timeout_seconds);
+  er.env.insert(env.begin(), env.end());
+  er.max_output_bytes = static_cast<size_t>(config_.max_output_bytes);
+  er.cancelled = ctx.cancelled;
+  const absl::Time start = clock_->Monotonic();
+  ASSIGN_OR_RETURN(ExecResult r, lease.sandbox()->Exec(er));
+  pb::RunResult out;
+  out.set_output(RepairUtf8(r.output));
+  out.set_exit_code(r.exit_code);
+  out.set_timed_out(r.timed_out);
+  out.set_truncated(r.truncated);
+  out.set_duration_ms(absl::ToInt64Milliseconds(clock_->Monotonic() - start));
+  if (r.cancelled) return absl::CancelledError("the call was cancelled; the run was killed");
+  return out;
+}
+
+absl::StatusOr<pb::RunResult> BrokerCore::Run(const CallContext& ctx, const pb::RunRequest& req) {
+  ASSIGN_OR_RETURN(Language lang, ToLanguage(req.language()));
+  return Exec(ctx, req.session_id(), req.spec(), lang,
+              req.language() != pb::LANGUAGE_UNSPECIFIED, req.code(), req.timeout_seconds(),
+              req.env());
+}
+
+absl::StatusOr<pb::RunResult> BrokerCore::Shell(const CallContext& ctx,
+                                                const pb::ShellRequest& req) {
+  return Exec(ctx, req.session_id(), req.spec(), Language::kShell, true, req.command(),
+              req.timeout_seconds(), req.env());
+}
+
+absl::StatusOr<pb::WriteFileResponse> BrokerCore::WriteFile(const CallContext& ctx,
+                                                            const pb::WriteFileRequest& req) {
+  RETURN_IF_ERROR(ValidateSessionId(req.session_id()));
+  if (req.path().empty()) return absl::InvalidArgumentError("path is empty");
+  ASSIGN_OR_RETURN(std::string data, Decode(req.contents(), req.encoding(), "contents"));
+  ASSIGN_OR_RETURN(CreateOptions o, ToCreateOptions(req.spec()));
+  ASSIGN_OR_RETURN(Lease lease, sessions_->Acquire(ctx.tenant, req.session_id(), &o));
+  RETURN_IF_ERROR(lease.sandbox()->WriteFile(req.path(), data));
+  pb::WriteFileResponse resp;
+  resp.set_bytes_written(static_cast<int64_t>(data.size()));
+  return resp;
+}
+
+absl::StatusOr<pb::ReadFileResponse> BrokerCore::ReadFile(const CallContext& ctx,
+                                                          const pb::ReadFileRequest& req) {
+  RETURN_IF_ERROR(ValidateSessionId(req.session_id()));
+  if (req.path().empty()) return absl::InvalidArgumentError("path is empty");
+  if (req.encoding() != pb::ENCODING_UTF8 && req.encoding() != pb::ENCODING_BASE64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown encoding ", static_cast<int>(req.encoding())));
+  }
+  ASSIGN_OR_RETURN(CreateOptions o, ToCreateOptions(req.spec()));
+  ASSIGN_OR_RETURN(Lease lease, sessions_->Acquire(ctx.tenant, req.session_id(), &o));
+  ASSIGN_OR_RETURN(std::optional<std::string> data, lease.sandbox()->ReadFile(req.path()));
+  pb::ReadFileResponse resp;
+  if (data.has_value()) {
+    resp.set_found(true);
+    resp.set_contents(req.encoding() == pb::ENCODING_BASE64 ? absl::Base64Escape(*data)
+                                                            : RepairUtf8(*data));
+  }
+  return resp;
+}
+
+}  // namespace sandbox

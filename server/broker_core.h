@@ -1,0 +1,66 @@
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "sandboxbroker/v1/broker.pb.h"
+#include "server/config.h"
+#include "server/session_manager.h"
+
+namespace sandbox {
+
+namespace pb = ::sandboxbroker::v1;
+
+// What the transport knows about one call.
+struct CallContext {
+  std::string tenant;
+  // True once the client has gone away or its deadline passed.
+  std::function<bool()> cancelled;
+};
+
+// The broker's API without a transport: validates requests, maps them to
+// sessions and provider calls, and builds responses. The gRPC service is a
+// thin shell over this, so tests can drive it directly.
+//
+// Thread-safe.
+class BrokerCore {
+ public:
+  BrokerCore(const BrokerConfig& config, SessionManager* sessions, Clock* clock);
+
+  absl::StatusOr<pb::SessionInfo> StartSession(const CallContext& ctx,
+                                               const pb::StartSessionRequest& req);
+  absl::StatusOr<pb::CloseSessionResponse> CloseSession(const CallContext& ctx,
+                                                        const pb::CloseSessionRequest& req);
+  absl::StatusOr<pb::SessionInfo> GetSession(const CallContext& ctx,
+                                             const pb::GetSessionRequest& req);
+  absl::StatusOr<pb::ListSessionsResponse> ListSessions(const CallContext& ctx,
+                                                        const pb::ListSessionsRequest& req);
+  absl::StatusOr<pb::RunResult> Run(const CallContext& ctx, const pb::RunRequest& req);
+  absl::StatusOr<pb::RunResult> Shell(const CallContext& ctx, const pb::ShellRequest& req);
+  absl::StatusOr<pb::WriteFileResponse> WriteFile(const CallContext& ctx,
+                                                  const pb::WriteFileRequest& req);
+  absl::StatusOr<pb::ReadFileResponse> ReadFile(const CallContext& ctx,
+                                                const pb::ReadFileRequest& req);
+
+ private:
+  absl::StatusOr<pb::RunResult> Exec(const CallContext& ctx, const std::string& session_id,
+                                     const pb::SessionSpec& spec, Language language,
+                                     bool language_given, const std::string& code,
+                                     int32_t timeout_seconds,
+                                     const google::protobuf::Map<std::string, std::string>& env);
+  absl::StatusOr<CreateOptions> ToCreateOptions(const pb::SessionSpec& spec) const;
+  void ToInfo(const SessionView& v, pb::SessionInfo* info) const;
+
+  const BrokerConfig config_;
+  SessionManager* const sessions_;
+  Clock* const clock_;
+};
+
+// 1-128 characters of [A-Za-z0-9._:-].
+absl::Status ValidateSessionId(const std::string& id);
+
+// Strict standard base64 (padding required, no whitespace).
+absl::StatusOr<std::string> DecodeBase64Strict(absl::string_view in);
+
+}  // namespace sandbox

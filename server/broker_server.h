@@ -1,0 +1,68 @@
+#pragma once
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "adapters/api/registry.h"
+#include "grpcpp/server.h"
+#include "server/auth.h"
+#include "server/broker_core.h"
+#include "server/config.h"
+#include "server/grpc_service.h"
+#include "server/session_manager.h"
+
+namespace sandbox {
+
+// The assembled daemon: providers, session table, reaper thread and the
+// gRPC server on config.listen. Used by main and by integration tests
+// (listen on 127.0.0.1:0, a FakeClock, reaper driven by hand).
+//
+// Thread-safe.
+class BrokerServer {
+ public:
+  struct Options {
+    Clock* clock = Clock::Real();
+    // Run the reaper on its own thread every reap_interval_seconds. Tests
+    // turn it off and call sessions()->RunOnce().
+    bool reaper_thread = true;
+  };
+
+  static absl::StatusOr<std::unique_ptr<BrokerServer>> Start(
+      const BrokerConfig& config, std::unique_ptr<ProviderRegistry> providers,
+      Options options);
+  ~BrokerServer();
+
+  // The bound port (useful with port 0).
+  int port() const { return port_; }
+  std::string address() const;
+  SessionManager* sessions() { return sessions_.get(); }
+
+  // Stops accepting calls, waits up to `grace` for running ones, then closes
+  // every session. Idempotent.
+  void Shutdown(absl::Duration grace = absl::Seconds(5));
+  // Blocks until Shutdown.
+  void Wait();
+
+ private:
+  BrokerServer() = default;
+
+  BrokerConfig config_;
+  Clock* clock_ = nullptr;
+  std::unique_ptr<ProviderRegistry> providers_;
+  std::unique_ptr<SessionManager> sessions_;
+  std::unique_ptr<Authenticator> auth_;
+  std::unique_ptr<BrokerCore> core_;
+  std::unique_ptr<BrokerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::string host_;
+  absl::Notification stop_reaper_;
+  std::thread reaper_;
+  absl::Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+};
+
+}  // namespace sandbox

@@ -1,0 +1,117 @@
+#include "server/config.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/config_reader.h"
+#include "common/status_macros.h"
+
+namespace sandbox {
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(what, ": cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+absl::Status AddTokens(const std::map<std::string, std::string>& in, absl::string_view key,
+                       std::map<std::string, std::string>* out) {
+  for (const auto& [token, tenant] : in) {
+    if (token.size() < 8) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(key, ": tokens must be at least 8 characters"));
+    }
+    if (!IsValidTenant(tenant)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          key, ": tenant \"", tenant, "\" must be 1-64 characters of [A-Za-z0-9._-]"));
+    }
+    (*out)[token] = tenant;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool IsValidTenant(absl::string_view t) {
+  if (t.empty() || t.size() > 64) return false;
+  for (char c : t) {
+    if (!(isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'))
+      return false;
+  }
+  return true;
+}
+
+absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text) {
+  nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("config: not valid JSON");
+  if (!j.is_object()) return absl::InvalidArgumentError("config: must be a JSON object");
+  BrokerConfig c;
+  ConfigReader r(j, "");
+  constexpr int64_t kDay = 86400;
+  c.listen = r.String("listen", c.listen, false);
+  c.default_provider = r.String("default_provider", c.default_provider, false);
+  c.idle_timeout_seconds = r.Int("idle_timeout_seconds", c.idle_timeout_seconds, 1, 30 * kDay);
+  c.reap_interval_seconds = r.Int("reap_interval_seconds", c.reap_interval_seconds, 1, kDay);
+  c.max_lifetime_seconds = r.Int("max_lifetime_seconds", c.max_lifetime_seconds, 0, 365 * kDay);
+  c.max_sessions_per_tenant =
+      r.Int("max_sessions_per_tenant", c.max_sessions_per_tenant, 1, 100000000);
+  c.default_timeout_seconds =
+      r.Int("default_timeout_seconds", c.default_timeout_seconds, 1, kDay);
+  c.max_timeout_seconds = r.Int("max_timeout_seconds", c.max_timeout_seconds, 1, 7 * kDay);
+  c.max_output_bytes = r.Int("max_output_bytes", c.max_output_bytes, 1, int64_t{1} << 30);
+  c.max_message_bytes =
+      r.Int("max_message_bytes", c.max_message_bytes, 4096, int64_t{1} << 30);
+  c.close_wait_seconds = r.Int("close_wait_seconds", c.close_wait_seconds, 0, kDay);
+  c.max_threads = r.Int("max_threads", c.max_threads, 4, 100000);
+  c.log_format = r.Enum("log_format", c.log_format, {"text", "json"});
+  c.log_level = r.Enum("log_level", c.log_level, {"debug", "info", "warning", "error"});
+  {
+    ConfigReader auth(r.Object("auth"), "auth");
+    auto tokens = auth.StringMap("tokens");
+    std::string tokens_file = auth.String("tokens_file", "");
+    RETURN_IF_ERROR(auth.Finish());
+    RETURN_IF_ERROR(AddTokens(tokens, "auth.tokens", &c.tokens));
+    if (!tokens_file.empty()) {
+      ASSIGN_OR_RETURN(std::string text, ReadFile(tokens_file, "auth.tokens_file"));
+      nlohmann::json tj = nlohmann::json::parse(text, nullptr, false);
+      if (tj.is_discarded() || !tj.is_object()) {
+        return absl::InvalidArgumentError(
+            "auth.tokens_file: must hold a JSON object of token -> tenant");
+      }
+      std::map<std::string, std::string> file_tokens;
+      for (auto it = tj.begin(); it != tj.end(); ++it) {
+        if (!it.value().is_string()) {
+          return absl::InvalidArgumentError(
+              "auth.tokens_file: must hold a JSON object of token -> tenant");
+        }
+        file_tokens[it.key()] = it.value().get<std::string>();
+      }
+      RETURN_IF_ERROR(AddTokens(file_tokens, "auth.tokens_file", &c.tokens));
+    }
+  }
+  const nlohmann::json& providers = r.Object("providers");
+  RETURN_IF_ERROR(r.Finish());
+  if (!providers.is_null()) c.providers = providers;
+  for (auto it = c.providers.begin(); it != c.providers.end(); ++it) {
+    if (!it.value().is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("providers.", it.key(), ": must be a JSON object"));
+    }
+  }
+  if (c.default_timeout_seconds > c.max_timeout_seconds) {
+    return absl::InvalidArgumentError(
+        "default_timeout_seconds: must not exceed max_timeout_seconds");
+  }
+  return c;
+}
+
+absl::StatusOr<BrokerConfig> LoadConfigFile(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path, "config"));
+  return ParseConfig(text);
+}
+
+}  // namespace sandbox

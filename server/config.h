@@ -1,0 +1,45 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+
+namespace sandbox {
+
+// The daemon's configuration (a JSON file; see README "Configuration").
+// Unknown keys and bad values are errors that name the key.
+struct BrokerConfig {
+  std::string listen = "127.0.0.1:50051";
+  std::string default_provider = "local";
+  int64_t idle_timeout_seconds = 300;
+  int64_t reap_interval_seconds = 10;
+  int64_t max_lifetime_seconds = 0;  // 0 = none
+  int64_t max_sessions_per_tenant = 100;
+  int64_t default_timeout_seconds = 30;
+  int64_t max_timeout_seconds = 900;
+  int64_t max_output_bytes = 65536;
+  // Largest gRPC message accepted or sent (bigger: RESOURCE_EXHAUSTED).
+  int64_t max_message_bytes = int64_t{32} << 20;
+  // How long CloseSession waits for in-flight calls before destroying.
+  int64_t close_wait_seconds = 10;
+  // Threads serving calls (each running call holds one).
+  int64_t max_threads = 256;
+  std::string log_format = "text";  // text | json
+  std::string log_level = "info";   // debug | info | warning | error
+  // Bearer token -> tenant. Empty: one tenant, "default", no auth.
+  std::map<std::string, std::string> tokens;
+  // providers.<name>: each provider reads its own object.
+  nlohmann::json providers = nlohmann::json::object();
+};
+
+absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text);
+absl::StatusOr<BrokerConfig> LoadConfigFile(const std::string& path);
+
+// A tenant name: 1-64 of [A-Za-z0-9._-].
+bool IsValidTenant(absl::string_view tenant);
+
+}  // namespace sandbox

@@ -1,0 +1,88 @@
+#include "server/grpc_service.h"
+
+#include "common/log.h"
+
+namespace sandbox {
+
+grpc::Status ToGrpcStatus(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  // absl and gRPC share the canonical code numbering.
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+BrokerService::BrokerService(BrokerCore* core, const Authenticator* auth, Clock* clock)
+    : core_(core), auth_(auth), clock_(clock) {}
+
+template <typename Resp, typename Fn>
+grpc::Status BrokerService::Handle(grpc::ServerContext* ctx, absl::string_view method,
+                                   const std::string& session_id, Resp* resp, Fn&& fn) {
+  const absl::Time start = clock_->Monotonic();
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  absl::string_view value;
+  if (it != md.end()) value = absl::string_view(it->second.data(), it->second.size());
+  absl::StatusOr<std::string> tenant = auth_->Authenticate(it != md.end() ? &value : nullptr);
+  absl::Status status;
+  if (!tenant.ok()) {
+    status = tenant.status();
+  } else {
+    CallContext cc;
+    cc.tenant = *tenant;
+    cc.cancelled = [ctx] { return ctx->IsCancelled(); };
+    auto r = fn(cc);
+    status = r.status();
+    if (r.ok()) *resp = std::move(*r);
+  }
+  Log(status.ok() ? LogLevel::kInfo : LogLevel::kWarning, "rpc",
+      {{"method", method},
+       {"tenant", tenant.ok() ? *tenant : std::string("-")},
+       {"session_id", session_id.size() <= 128 ? session_id : std::string("(invalid)")},
+       {"code", absl::StatusCodeToString(status.code())},
+       {"duration_ms", absl::ToInt64Milliseconds(clock_->Monotonic() - start)}});
+  return ToGrpcStatus(status);
+}
+
+#define SB_HANDLE(Method, sid)                                                      \
+  return Handle(ctx, #Method, sid, resp,                                            \
+                [&](const CallContext& cc) { return core_->Method(cc, *req); })
+
+grpc::Status BrokerService::StartSession(grpc::ServerContext* ctx,
+                                         const pb::StartSessionRequest* req,
+                                         pb::SessionInfo* resp) {
+  SB_HANDLE(StartSession, req->session_id());
+}
+grpc::Status BrokerService::CloseSession(grpc::ServerContext* ctx,
+                                         const pb::CloseSessionRequest* req,
+                                         pb::CloseSessionResponse* resp) {
+  SB_HANDLE(CloseSession, req->session_id());
+}
+grpc::Status BrokerService::GetSession(grpc::ServerContext* ctx, const pb::GetSessionRequest* req,
+                                       pb::SessionInfo* resp) {
+  SB_HANDLE(GetSession, req->session_id());
+}
+grpc::Status BrokerService::ListSessions(grpc::ServerContext* ctx,
+                                         const pb::ListSessionsRequest* req,
+                                         pb::ListSessionsResponse* resp) {
+  static const std::string kNone;
+  SB_HANDLE(ListSessions, kNone);
+}
+grpc::Status BrokerService::Run(grpc::ServerContext* ctx, const pb::RunRequest* req,
+                                pb::RunResult* resp) {
+  SB_HANDLE(Run, req->session_id());
+}
+grpc::Status BrokerService::Shell(grpc::ServerContext* ctx, const pb::ShellRequest* req,
+                                  pb::RunResult* resp) {
+  SB_HANDLE(Shell, req->session_id());
+}
+grpc::Status BrokerService::WriteFile(grpc::ServerContext* ctx, const pb::WriteFileRequest* req,
+                                      pb::WriteFileResponse* resp) {
+  SB_HANDLE(WriteFile, req->session_id());
+}
+grpc::Status BrokerService::ReadFile(grpc::ServerContext* ctx, const pb::ReadFileRequest* req,
+                                     pb::ReadFileResponse* resp) {
+  SB_HANDLE(ReadFile, req->session_id());
+}
+
+#undef SB_HANDLE
+
+}  // namespace sandbox

@@ -1,0 +1,47 @@
+#pragma once
+
+#include "sandboxbroker/v1/broker.grpc.pb.h"
+#include "server/auth.h"
+#include "server/broker_core.h"
+
+namespace sandbox {
+
+// The gRPC face of BrokerCore: authenticates, converts statuses, logs one
+// line per call (method, tenant, session, code, duration; never payloads).
+// Synchronous API; the server's thread cap bounds concurrency.
+//
+// Thread-safe.
+class BrokerService final : public pb::SandboxBroker::Service {
+ public:
+  BrokerService(BrokerCore* core, const Authenticator* auth, Clock* clock);
+
+  grpc::Status StartSession(grpc::ServerContext* ctx, const pb::StartSessionRequest* req,
+                            pb::SessionInfo* resp) override;
+  grpc::Status CloseSession(grpc::ServerContext* ctx, const pb::CloseSessionRequest* req,
+                            pb::CloseSessionResponse* resp) override;
+  grpc::Status GetSession(grpc::ServerContext* ctx, const pb::GetSessionRequest* req,
+                          pb::SessionInfo* resp) override;
+  grpc::Status ListSessions(grpc::ServerContext* ctx, const pb::ListSessionsRequest* req,
+                            pb::ListSessionsResponse* resp) override;
+  grpc::Status Run(grpc::ServerContext* ctx, const pb::RunRequest* req,
+                   pb::RunResult* resp) override;
+  grpc::Status Shell(grpc::ServerContext* ctx, const pb::ShellRequest* req,
+                     pb::RunResult* resp) override;
+  grpc::Status WriteFile(grpc::ServerContext* ctx, const pb::WriteFileRequest* req,
+                         pb::WriteFileResponse* resp) override;
+  grpc::Status ReadFile(grpc::ServerContext* ctx, const pb::ReadFileRequest* req,
+                        pb::ReadFileResponse* resp) override;
+
+ private:
+  template <typename Resp, typename Fn>
+  grpc::Status Handle(grpc::ServerContext* ctx, absl::string_view method,
+                      const std::string& session_id, Resp* resp, Fn&& fn);
+
+  BrokerCore* const core_;
+  const Authenticator* const auth_;
+  Clock* const clock_;
+};
+
+grpc::Status ToGrpcStatus(const absl::Status& s);
+
+}  // namespace sandbox

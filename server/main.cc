@@ -1,0 +1,92 @@
+// sandbox-brokerd: the daemon. Components, in order: config -> logging ->
+// providers -> broker server (sessions, reaper, gRPC) -> signal wait.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "common/log.h"
+#include "server/broker_server.h"
+#include "server/config.h"
+#include "server/provider_setup.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: sandbox-brokerd [--config FILE] [--listen ADDR]\n"
+    "\n"
+    "Serves the sandboxbroker.v1.SandboxBroker gRPC API.\n"
+    "  --config FILE   JSON config (see README, Configuration)\n"
+    "  --listen ADDR   overrides the config's listen address (host:port)\n"
+    "With no config: the local provider on 127.0.0.1:50051.\n";
+
+int Fail(const std::string& msg) {
+  fprintf(stderr, "sandbox-brokerd: %s\n", msg.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace sandbox;
+  std::string config_path, listen;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&](const char* flag) -> const char* {
+      if (a == flag && i + 1 < argc) return argv[++i];
+      size_t n = strlen(flag);
+      if (a.compare(0, n, flag) == 0 && a.size() > n && a[n] == '=') return argv[i] + n + 1;
+      return nullptr;
+    };
+    if (a == "-h" || a == "--help") {
+      fputs(kUsage, stdout);
+      return 0;
+    } else if (const char* v = value("--config")) {
+      config_path = v;
+    } else if (const char* v = value("--listen")) {
+      listen = v;
+    } else {
+      fputs(kUsage, stderr);
+      return Fail("unknown argument: " + a);
+    }
+  }
+
+  absl::StatusOr<BrokerConfig> config =
+      config_path.empty() ? ParseConfig("{}") : LoadConfigFile(config_path);
+  if (!config.ok()) return Fail(std::string(config.status().message()));
+  if (!listen.empty()) config->listen = listen;
+  SetLogJson(config->log_format == "json");
+  SetLogLevel(config->log_level == "debug"     ? LogLevel::kDebug
+              : config->log_level == "warning" ? LogLevel::kWarning
+              : config->log_level == "error"   ? LogLevel::kError
+                                               : LogLevel::kInfo);
+
+  // Signals are taken synchronously by this thread; block them before any
+  // other thread starts so they all inherit the mask.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto providers = BuildProviders(*config);
+  if (!providers.ok()) return Fail(std::string(providers.status().message()));
+  auto server = BrokerServer::Start(*config, std::move(*providers), {});
+  if (!server.ok()) return Fail(std::string(server.status().message()));
+
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  Log(LogLevel::kInfo, "broker.signal", {{"signal", strsignal(sig)}});
+  // A second signal while shutting down forces the exit.
+  std::thread([sigs]() mutable {
+    int s2 = 0;
+    sigwait(&sigs, &s2);
+    _exit(1);
+  }).detach();
+  (*server)->Shutdown(absl::Seconds(5));
+  return 0;
+}

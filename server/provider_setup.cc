@@ -1,0 +1,50 @@
+#include "server/provider_setup.h"
+
+#include "absl/strings/str_cat.h"
+#include "adapters/local/local_provider.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+
+namespace sandbox {
+namespace {
+
+absl::StatusOr<std::unique_ptr<Provider>> MakeProvider(const std::string& name,
+                                                       const nlohmann::json& cfg) {
+  if (name == "local") {
+    ASSIGN_OR_RETURN(LocalConfig c, ParseLocalConfig(cfg));
+    ASSIGN_OR_RETURN(std::unique_ptr<LocalProvider> p, LocalProvider::Create(std::move(c)));
+    return std::unique_ptr<Provider>(std::move(p));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("providers.", name, ": unknown provider (known: local)"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ProviderRegistry>> BuildProviders(const BrokerConfig& config) {
+  auto registry = std::make_unique<ProviderRegistry>();
+  nlohmann::json wanted = config.providers;
+  if (!wanted.contains(config.default_provider)) {
+    wanted[config.default_provider] = nlohmann::json::object();
+  }
+  for (auto it = wanted.begin(); it != wanted.end(); ++it) {
+    const std::string& name = it.key();
+    absl::StatusOr<std::unique_ptr<Provider>> p = MakeProvider(name, it.value());
+    if (p.ok()) {
+      registry->Add(std::move(*p));
+      Log(LogLevel::kInfo, "provider.ready", {{"provider", name}});
+      continue;
+    }
+    // Config mistakes and an unusable default provider stop the daemon.
+    if (p.status().code() == absl::StatusCode::kInvalidArgument ||
+        name == config.default_provider) {
+      return p.status();
+    }
+    Log(LogLevel::kWarning, "provider.unavailable",
+        {{"provider", name}, {"reason", p.status().message()}});
+    registry->AddUnavailable(name, std::string(p.status().message()));
+  }
+  return registry;
+}
+
+}  // namespace sandbox

@@ -1,0 +1,176 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/btree_set.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "adapters/api/provider.h"
+#include "adapters/api/registry.h"
+#include "common/clock.h"
+
+namespace sandbox {
+
+struct SessionLimits {
+  absl::Duration idle_timeout = absl::Seconds(300);
+  absl::Duration max_lifetime = absl::ZeroDuration();  // zero = none
+  int64_t max_sessions_per_tenant = 100;
+  // How long Close waits for in-flight calls before destroying anyway.
+  absl::Duration close_wait = absl::Seconds(10);
+};
+
+// What a call that may create the session's sandbox asks for.
+struct CreateOptions {
+  std::string provider;  // empty = default provider
+  std::string template_name;
+  Language language = Language::kPython;
+  bool language_set = false;
+  std::map<std::string, std::string> env;
+  std::map<std::string, std::string> labels;
+  // Seed files: written before the first call runs; (path, bytes).
+  std::vector<std::pair<std::string, std::string>> files;
+};
+
+enum class SessionStateKind { kCreating, kReady, kClosing };
+
+// A point-in-time view of one session, for GetSession / ListSessions.
+struct SessionView {
+  std::string session_id;
+  std::string provider;
+  std::string sandbox_id;
+  SessionStateKind state = SessionStateKind::kCreating;
+  absl::Time created_at;
+  absl::Time last_active_at;
+  std::optional<absl::Time> idle_expires_at;  // unset while calls run
+  std::optional<absl::Time> expires_at;       // max lifetime
+  Language language = Language::kPython;
+  std::string template_name;
+  std::map<std::string, std::string> labels;
+  int calls_in_flight = 0;
+};
+
+// Why a session ended, for logs and metrics.
+enum class CloseReason { kClient, kIdle, kLifetime, kShutdown };
+absl::string_view CloseReasonName(CloseReason r);
+
+class SessionManager;
+
+// A call's hold on a session: while any lease exists the session is not
+// idle and cannot be reaped. Movable; releasing marks the session active now.
+class Lease {
+ public:
+  Lease() = default;
+  Lease(Lease&& o) noexcept { *this = std::move(o); }
+  Lease& operator=(Lease&& o) noexcept;
+  ~Lease() { Release(); }
+
+  Sandbox* sandbox() const { return sandbox_.get(); }
+  Language language() const { return language_; }
+  const std::string& provider() const { return provider_; }
+  void Release();
+
+ private:
+  friend class SessionManager;
+  SessionManager* manager_ = nullptr;
+  std::shared_ptr<void> session_;  // keeps the session alive
+  std::shared_ptr<Sandbox> sandbox_;
+  Language language_ = Language::kPython;
+  std::string provider_;
+};
+
+// The session table: exactly one provider sandbox per (tenant, session id),
+// created lazily and single-flight, reaped when idle, destroyed once.
+//
+// Time comes from the injected Clock; RunOnce() reaps deterministically, so
+// tests advance a FakeClock instead of sleeping. No lock is held across a
+// provider call.
+//
+// Thread-safe.
+class SessionManager {
+ public:
+  SessionManager(const ProviderRegistry* providers, Clock* clock,
+                 SessionLimits limits, std::string default_provider,
+                 std::string broker_instance_id);
+  ~SessionManager();
+
+  // A lease on the session. When it has no sandbox and `create` is set, one
+  // is created (concurrent callers share one creation; a failed creation is
+  // not remembered). Errors: NOT_FOUND (no session, `create` null),
+  // RESOURCE_EXHAUSTED (tenant quota), FAILED_PRECONDITION (spec conflicts
+  // with the session; unknown provider), and whatever the provider's Create
+  // returns.
+  absl::StatusOr<Lease> Acquire(const std::string& tenant,
+                                const std::string& session_id,
+                                const CreateOptions* create);
+
+  // Closes the session: waits (bounded) for in-flight calls, destroys the
+  // sandbox exactly once. Returns whether the session existed. Idempotent.
+  absl::StatusOr<bool> Close(const std::string& tenant,
+                             const std::string& session_id,
+                             CloseReason reason = CloseReason::kClient);
+
+  absl::StatusOr<SessionView> Get(const std::string& tenant,
+                                  const std::string& session_id);
+
+  // Up to `limit` sessions with id > `after`, ordered by id; `more` tells
+  // whether any follow.
+  std::vector<SessionView> List(const std::string& tenant, const std::string& after,
+                                int limit, bool* more);
+
+  // Counts as activity; returns the new idle deadline. NOT_FOUND if none.
+  absl::StatusOr<absl::Time> KeepAlive(const std::string& tenant,
+                                       const std::string& session_id);
+
+  // Closes sessions idle past the idle timeout or older than the max
+  // lifetime. Work is proportional to the sessions that expire. Returns how
+  // many were closed.
+  int RunOnce();
+
+  // Closes every session (reason kShutdown).
+  void CloseAll();
+
+  int64_t size() const;
+
+ private:
+  struct Session;
+  friend class Lease;
+
+  void ReleaseLease(Session* s);
+  SessionView ViewLocked(const Session& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnindexLocked(Session* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void IndexIdleLocked(Session* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Destroys a sandbox taken from a closing session (no lock held) and
+  // removes the session from the table.
+  void FinishClose(const std::shared_ptr<Session>& s, std::shared_ptr<Sandbox> sandbox,
+                   CloseReason reason);
+  absl::StatusOr<Lease> CreateAndLease(const std::shared_ptr<Session>& s,
+                                       Provider* provider, const CreateOptions& o);
+  Lease MakeLeaseLocked(const std::shared_ptr<Session>& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const ProviderRegistry* const providers_;
+  Clock* const clock_;
+  const SessionLimits limits_;
+  const std::string default_provider_;
+  const std::string instance_id_;
+
+  mutable absl::Mutex mu_;
+  // tenant -> (session id -> session), ordered for paging.
+  absl::flat_hash_map<std::string, std::map<std::string, std::shared_ptr<Session>>>
+      tenants_ ABSL_GUARDED_BY(mu_);
+  int64_t total_ ABSL_GUARDED_BY(mu_) = 0;
+  // Ready sessions with no call in flight, by idle deadline (monotonic).
+  absl::btree_set<std::pair<absl::Time, Session*>> idle_ ABSL_GUARDED_BY(mu_);
+  // Sessions by max-lifetime deadline (monotonic), when one is set.
+  absl::btree_set<std::pair<absl::Time, Session*>> lifetime_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace sandbox
