@@ -30,10 +30,9 @@ std::unique_ptr<RemoteSandbox> RemoteSandbox::Connect(const std::string& address
                                                       pb::SessionSpec spec) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  auto channel =
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-  return std::make_unique<RemoteSandbox>(pb::SandboxBroker::NewStub(channel), session_id,
-                                         token, std::move(spec));
+  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return std::make_unique<RemoteSandbox>(pb::SandboxBroker::NewStub(channel), session_id, token,
+                                         std::move(spec));
 }
 
 void RemoteSandbox::Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const {
@@ -72,8 +71,7 @@ absl::StatusOr<pb::RunResult> RemoteSandbox::Run(const std::string& code,
   return resp;
 }
 
-absl::StatusOr<pb::RunResult> RemoteSandbox::Shell(const std::string& command,
-                                                   int timeout_seconds,
+absl::StatusOr<pb::RunResult> RemoteSandbox::Shell(const std::string& command, int timeout_seconds,
                                                    const std::map<std::string, std::string>& env) {
   grpc::ClientContext ctx;
   const int t = timeout_seconds > 0 ? timeout_seconds : 3600;

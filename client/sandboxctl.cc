@@ -57,8 +57,7 @@ int Usage(const std::string& why) {
 }
 
 int RpcError(const absl::Status& s) {
-  std::cerr << "sandboxctl: " << absl::StatusCodeToString(s.code()) << ": " << s.message()
-            << "\n";
+  std::cerr << "sandboxctl: " << absl::StatusCodeToString(s.code()) << ": " << s.message() << "\n";
   return kExitRpc;
 }
 
@@ -118,10 +117,14 @@ int main(int argc, char** argv) {
       if (!next(&provider)) return Usage("--provider needs a value");
     } else if (a == "--lang") {
       if (!next(&v)) return Usage("--lang needs a value");
-      if (v == "python") lang = sandbox::pb::LANGUAGE_PYTHON;
-      else if (v == "node") lang = sandbox::pb::LANGUAGE_NODE;
-      else if (v == "shell") lang = sandbox::pb::LANGUAGE_SHELL;
-      else return Usage("--lang must be python, node or shell");
+      if (v == "python")
+        lang = sandbox::pb::LANGUAGE_PYTHON;
+      else if (v == "node")
+        lang = sandbox::pb::LANGUAGE_NODE;
+      else if (v == "shell")
+        lang = sandbox::pb::LANGUAGE_SHELL;
+      else
+        return Usage("--lang must be python, node or shell");
     } else if (a == "--timeout") {
       if (!next(&v) || !absl::SimpleAtoi(v, &timeout) || timeout < 0)
         return Usage("--timeout needs a number of seconds");

@@ -41,8 +41,7 @@ const nlohmann::json* ConfigReader::Get(const std::string& key) {
   return &*it;
 }
 
-int64_t ConfigReader::Int(const std::string& key, int64_t def, int64_t min,
-                          int64_t max) {
+int64_t ConfigReader::Int(const std::string& key, int64_t def, int64_t min, int64_t max) {
   const nlohmann::json* v = Get(key);
   if (v == nullptr) return def;
   if (!v->is_number_integer()) {
@@ -63,8 +62,7 @@ int64_t ConfigReader::Int(const std::string& key, int64_t def, int64_t min,
   return n;
 }
 
-std::string ConfigReader::String(const std::string& key, const std::string& def,
-                                 bool allow_empty) {
+std::string ConfigReader::String(const std::string& key, const std::string& def, bool allow_empty) {
   const nlohmann::json* v = Get(key);
   if (v == nullptr) return def;
   if (!v->is_string()) {
@@ -150,8 +148,7 @@ absl::Status ConfigReader::Finish() {
   if (!json_.is_object()) return absl::OkStatus();
   for (auto it = json_.begin(); it != json_.end(); ++it) {
     if (seen_.count(it.key()) == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(KeyPath(it.key()), ": unknown key"));
+      return absl::InvalidArgumentError(absl::StrCat(KeyPath(it.key()), ": unknown key"));
     }
   }
   return absl::OkStatus();

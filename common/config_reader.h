@@ -27,10 +27,8 @@ class ConfigReader {
   // `json` must outlive the reader. A null `json` reads as an empty object.
   ConfigReader(const nlohmann::json& json, std::string path);
 
-  int64_t Int(const std::string& key, int64_t def, int64_t min = 0,
-              int64_t max = INT64_MAX);
-  std::string String(const std::string& key, const std::string& def,
-                     bool allow_empty = true);
+  int64_t Int(const std::string& key, int64_t def, int64_t min = 0, int64_t max = INT64_MAX);
+  std::string String(const std::string& key, const std::string& def, bool allow_empty = true);
   bool Bool(const std::string& key, bool def);
   // One of `choices`.
   std::string Enum(const std::string& key, const std::string& def,

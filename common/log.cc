@@ -39,8 +39,7 @@ const char* LevelName(LogLevel l) {
 bool NeedsQuotes(absl::string_view v) {
   if (v.empty()) return true;
   for (char c : v) {
-    if (c == ' ' || c == '"' || c == '=' || c == '\\' ||
-        static_cast<unsigned char>(c) < 0x20)
+    if (c == ' ' || c == '"' || c == '=' || c == '\\' || static_cast<unsigned char>(c) < 0x20)
       return true;
   }
   return false;
@@ -48,14 +47,12 @@ bool NeedsQuotes(absl::string_view v) {
 
 }  // namespace
 
-void Log(LogLevel level, absl::string_view event,
-         std::initializer_list<LogField> fields) {
+void Log(LogLevel level, absl::string_view event, std::initializer_list<LogField> fields) {
   LogState& s = State();
   absl::MutexLock lock(&s.mu);
   if (level < s.min_level) return;
   // The log's own timestamp is wall time by nature; it is not used for logic.
-  const std::string ts =
-      absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone());
+  const std::string ts = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone());
   std::string line;
   if (s.json) {
     nlohmann::json j;
@@ -70,8 +67,7 @@ void Log(LogLevel level, absl::string_view event,
       if (NeedsQuotes(f.value)) {
         nlohmann::json v = f.value;
         absl::StrAppend(&line, " ", f.key, "=",
-                        v.dump(-1, ' ', false,
-                               nlohmann::json::error_handler_t::replace));
+                        v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
       } else {
         absl::StrAppend(&line, " ", f.key, "=", f.value);
       }

@@ -3,10 +3,10 @@
 #include <functional>
 #include <initializer_list>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace sandbox {
 
@@ -30,8 +30,7 @@ struct LogField {
   std::string value;
 };
 
-void Log(LogLevel level, absl::string_view event,
-         std::initializer_list<LogField> fields = {});
+void Log(LogLevel level, absl::string_view event, std::initializer_list<LogField> fields = {});
 
 // Configuration, normally set once in main.
 void SetLogJson(bool json);

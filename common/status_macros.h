@@ -10,10 +10,10 @@
 #define SB_STATUS_CONCAT_(a, b) SB_STATUS_CONCAT_INNER_(a, b)
 
 // Returns the status from the enclosing function if `expr` is not OK.
-#define RETURN_IF_ERROR(expr)                         \
-  do {                                                \
-    ::absl::Status sb_status_ = (expr);               \
-    if (!sb_status_.ok()) return sb_status_;          \
+#define RETURN_IF_ERROR(expr)                \
+  do {                                       \
+    ::absl::Status sb_status_ = (expr);      \
+    if (!sb_status_.ok()) return sb_status_; \
   } while (0)
 
 // ASSIGN_OR_RETURN(auto x, Fn()); returns Fn()'s status if it is not OK.

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <string>
+
 #include "absl/strings/string_view.h"
 
 namespace sandbox {

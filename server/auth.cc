@@ -12,8 +12,7 @@ absl::StatusOr<std::string> Authenticator::Authenticate(
     const absl::string_view* authorization) const {
   if (tokens_.empty()) return std::string("default");
   if (authorization == nullptr) {
-    return absl::UnauthenticatedError(
-        "missing \"authorization: Bearer <token>\" metadata");
+    return absl::UnauthenticatedError("missing \"authorization: Bearer <token>\" metadata");
   }
   absl::string_view v = absl::StripAsciiWhitespace(*authorization);
   constexpr absl::string_view kBearer = "bearer ";

@@ -86,10 +86,8 @@ absl::Status ValidateSessionId(const std::string& id) {
     return absl::InvalidArgumentError("session_id must be 1-128 characters of [A-Za-z0-9._:-]");
   }
   for (char c : id) {
-    if (!(isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == ':' ||
-          c == '-')) {
-      return absl::InvalidArgumentError(
-          "session_id must be 1-128 characters of [A-Za-z0-9._:-]");
+    if (!(isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == ':' || c == '-')) {
+      return absl::InvalidArgumentError("session_id must be 1-128 characters of [A-Za-z0-9._:-]");
     }
   }
   return absl::OkStatus();
@@ -128,8 +126,8 @@ absl::StatusOr<CreateOptions> BrokerCore::ToCreateOptions(const pb::SessionSpec&
   o.env.insert(spec.env().begin(), spec.env().end());
   o.labels.insert(spec.labels().begin(), spec.labels().end());
   for (const pb::File& f : spec.files()) {
-    ASSIGN_OR_RETURN(std::string data,
-                     Decode(f.contents(), f.encoding(), absl::StrCat("spec.files[", f.path(), "]")));
+    ASSIGN_OR_RETURN(std::string data, Decode(f.contents(), f.encoding(),
+                                              absl::StrCat("spec.files[", f.path(), "]")));
     if (f.path().empty()) return absl::InvalidArgumentError("spec.files: path is empty");
     o.files.emplace_back(f.path(), std::move(data));
   }
@@ -165,9 +163,7 @@ absl::StatusOr<pb::SessionInfo> BrokerCore::StartSession(const CallContext& ctx,
                                                          const pb::StartSessionRequest& req) {
   RETURN_IF_ERROR(ValidateSessionId(req.session_id()));
   ASSIGN_OR_RETURN(CreateOptions o, ToCreateOptions(req.spec()));
-  {
-    ASSIGN_OR_RETURN(Lease lease, sessions_->Acquire(ctx.tenant, req.session_id(), &o));
-  }
+  { ASSIGN_OR_RETURN(Lease lease, sessions_->Acquire(ctx.tenant, req.session_id(), &o)); }
   ASSIGN_OR_RETURN(SessionView v, sessions_->Get(ctx.tenant, req.session_id()));
   pb::SessionInfo info;
   ToInfo(v, &info);
@@ -195,12 +191,11 @@ absl::StatusOr<pb::SessionInfo> BrokerCore::GetSession(const CallContext& ctx,
 absl::StatusOr<pb::ListSessionsResponse> BrokerCore::ListSessions(
     const CallContext& ctx, const pb::ListSessionsRequest& req) {
   if (req.page_size() < 0) return absl::InvalidArgumentError("page_size must be >= 0");
-  const int size = req.page_size() == 0 ? kDefaultPageSize
-                                        : std::min(req.page_size(), kMaxPageSize);
+  const int size =
+      req.page_size() == 0 ? kDefaultPageSize : std::min(req.page_size(), kMaxPageSize);
   std::string after;
   if (!req.page_token().empty()) {
-    if (!absl::WebSafeBase64Unescape(req.page_token(), &after) ||
-        !ValidateSessionId(after).ok()) {
+    if (!absl::WebSafeBase64Unescape(req.page_token(), &after) || !ValidateSessionId(after).ok()) {
       return absl::InvalidArgumentError("invalid page_token");
     }
   }
@@ -216,17 +211,17 @@ absl::StatusOr<pb::ListSessionsResponse> BrokerCore::ListSessions(
 
 absl::StatusOr<pb::RunResult> BrokerCore::Exec(
     const CallContext& ctx, const std::string& session_id, const pb::SessionSpec& spec,
-    Language language, bool language_given, const std::string& code,
-    int32_t timeout_seconds, const google::protobuf::Map<std::string, std::string>& env) {
+    Language language, bool language_given, const std::string& code, int32_t timeout_seconds,
+    const google::protobuf::Map<std::string, std::string>& env) {
   RETURN_IF_ERROR(ValidateSessionId(session_id));
   if (code.empty()) return absl::InvalidArgumentError("code/command is empty");
   if (timeout_seconds < 0) {
     return absl::InvalidArgumentError("timeout_seconds must be >= 0 (0 = default)");
   }
   if (timeout_seconds > config_.max_timeout_seconds) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "timeout_seconds ", timeout_seconds, " exceeds max_timeout_seconds (",
-        config_.max_timeout_seconds, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("timeout_seconds ", timeout_seconds,
+                                                   " exceeds max_timeout_seconds (",
+                                                   config_.max_timeout_seconds, ")"));
   }
   RETURN_IF_ERROR(ValidateEnv(env, "env"));
   ASSIGN_OR_RETURN(CreateOptions o, ToCreateOptions(spec));
@@ -235,8 +230,8 @@ absl::StatusOr<pb::RunResult> BrokerCore::Exec(
   ExecRequest er;
   er.language = language_given ? language : lease.language();
   er.code = code;
-  er.timeout = absl::Seconds(timeout_seconds == 0 ? config_.default_timeout_seconds
-                                                  : timeout_seconds);
+  er.timeout =
+      absl::Seconds(timeout_seconds == 0 ? config_.default_timeout_seconds : timeout_seconds);
   er.env.insert(env.begin(), env.end());
   er.max_output_bytes = static_cast<size_t>(config_.max_output_bytes);
   er.cancelled = ctx.cancelled;
@@ -254,9 +249,8 @@ absl::StatusOr<pb::RunResult> BrokerCore::Exec(
 
 absl::StatusOr<pb::RunResult> BrokerCore::Run(const CallContext& ctx, const pb::RunRequest& req) {
   ASSIGN_OR_RETURN(Language lang, ToLanguage(req.language()));
-  return Exec(ctx, req.session_id(), req.spec(), lang,
-              req.language() != pb::LANGUAGE_UNSPECIFIED, req.code(), req.timeout_seconds(),
-              req.env());
+  return Exec(ctx, req.session_id(), req.spec(), lang, req.language() != pb::LANGUAGE_UNSPECIFIED,
+              req.code(), req.timeout_seconds(), req.env());
 }
 
 absl::StatusOr<pb::RunResult> BrokerCore::Shell(const CallContext& ctx,

@@ -16,9 +16,9 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
   s->clock_ = options.clock;
   s->providers_ = std::move(providers);
   if (!s->providers_->Find(config.default_provider).ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "default_provider \"", config.default_provider, "\": ",
-        s->providers_->Find(config.default_provider).status().message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("default_provider \"", config.default_provider,
+                     "\": ", s->providers_->Find(config.default_provider).status().message()));
   }
   SessionLimits limits;
   limits.idle_timeout = absl::Seconds(config.idle_timeout_seconds);
@@ -57,7 +57,8 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
     });
   }
   Log(LogLevel::kInfo, "broker.serving",
-      {{"address", s->address()}, {"default_provider", config.default_provider},
+      {{"address", s->address()},
+       {"default_provider", config.default_provider},
        {"instance_id", instance_id}});
   if (s->auth_->open()) {
     Log(LogLevel::kWarning, "broker.no_auth",

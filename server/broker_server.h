@@ -31,8 +31,7 @@ class BrokerServer {
   };
 
   static absl::StatusOr<std::unique_ptr<BrokerServer>> Start(
-      const BrokerConfig& config, std::unique_ptr<ProviderRegistry> providers,
-      Options options);
+      const BrokerConfig& config, std::unique_ptr<ProviderRegistry> providers, Options options);
   ~BrokerServer();
 
   // The bound port (useful with port 0).

@@ -26,8 +26,8 @@ absl::Status AddTokens(const std::map<std::string, std::string>& in, absl::strin
           absl::StrCat(key, ": tokens must be at least 8 characters"));
     }
     if (!IsValidTenant(tenant)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          key, ": tenant \"", tenant, "\" must be 1-64 characters of [A-Za-z0-9._-]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(key, ": tenant \"", tenant, "\" must be 1-64 characters of [A-Za-z0-9._-]"));
     }
     (*out)[token] = tenant;
   }
@@ -39,8 +39,7 @@ absl::Status AddTokens(const std::map<std::string, std::string>& in, absl::strin
 bool IsValidTenant(absl::string_view t) {
   if (t.empty() || t.size() > 64) return false;
   for (char c : t) {
-    if (!(isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'))
-      return false;
+    if (!(isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) return false;
   }
   return true;
 }
@@ -59,12 +58,10 @@ absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text) {
   c.max_lifetime_seconds = r.Int("max_lifetime_seconds", c.max_lifetime_seconds, 0, 365 * kDay);
   c.max_sessions_per_tenant =
       r.Int("max_sessions_per_tenant", c.max_sessions_per_tenant, 1, 100000000);
-  c.default_timeout_seconds =
-      r.Int("default_timeout_seconds", c.default_timeout_seconds, 1, kDay);
+  c.default_timeout_seconds = r.Int("default_timeout_seconds", c.default_timeout_seconds, 1, kDay);
   c.max_timeout_seconds = r.Int("max_timeout_seconds", c.max_timeout_seconds, 1, 7 * kDay);
   c.max_output_bytes = r.Int("max_output_bytes", c.max_output_bytes, 1, int64_t{1} << 30);
-  c.max_message_bytes =
-      r.Int("max_message_bytes", c.max_message_bytes, 4096, int64_t{1} << 30);
+  c.max_message_bytes = r.Int("max_message_bytes", c.max_message_bytes, 4096, int64_t{1} << 30);
   c.close_wait_seconds = r.Int("close_wait_seconds", c.close_wait_seconds, 0, kDay);
   c.max_threads = r.Int("max_threads", c.max_threads, 4, 100000);
   c.log_format = r.Enum("log_format", c.log_format, {"text", "json"});

@@ -42,8 +42,8 @@ grpc::Status BrokerService::Handle(grpc::ServerContext* ctx, absl::string_view m
   return ToGrpcStatus(status);
 }
 
-#define SB_HANDLE(Method, sid)                                                      \
-  return Handle(ctx, #Method, sid, resp,                                            \
+#define SB_HANDLE(Method, sid)           \
+  return Handle(ctx, #Method, sid, resp, \
                 [&](const CallContext& cc) { return core_->Method(cc, *req); })
 
 grpc::Status BrokerService::StartSession(grpc::ServerContext* ctx,

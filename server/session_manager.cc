@@ -149,9 +149,9 @@ absl::StatusOr<Lease> SessionManager::Acquire(const std::string& tenant,
         provider = *p;
       }
       if (static_cast<int64_t>(sessions.size()) >= limits_.max_sessions_per_tenant) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "max_sessions_per_tenant (", limits_.max_sessions_per_tenant,
-            ") reached: close a session first"));
+        return absl::ResourceExhaustedError(absl::StrCat("max_sessions_per_tenant (",
+                                                         limits_.max_sessions_per_tenant,
+                                                         ") reached: close a session first"));
       }
       auto s = std::make_shared<Session>();
       s->tenant = tenant;
@@ -174,9 +174,8 @@ absl::StatusOr<Lease> SessionManager::Acquire(const std::string& tenant,
     std::shared_ptr<Session> s = it->second;
     if (s->state == SessionStateKind::kCreating || s->state == SessionStateKind::kClosing) {
       const SessionStateKind was = s->state;
-      auto changed = [&s, was]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return s->gone || s->state != was;
-      };
+      auto changed = [&s, was]()
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return s->gone || s->state != was; };
       mu_.Await(absl::Condition(&changed));
       if (was == SessionStateKind::kCreating && s->gone && !s->create_status.ok()) {
         // We waited on that creation; its failure is our answer.
@@ -187,22 +186,21 @@ absl::StatusOr<Lease> SessionManager::Acquire(const std::string& tenant,
     // Ready.
     if (create != nullptr && !create->provider.empty() && create->provider != s->provider) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "session \"", session_id, "\" runs on provider \"", s->provider,
-          "\", not \"", create->provider, "\"; close it first or use another session id"));
+          "session \"", session_id, "\" runs on provider \"", s->provider, "\", not \"",
+          create->provider, "\"; close it first or use another session id"));
     }
     if (create != nullptr && !create->template_name.empty() &&
         create->template_name != s->template_name) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "session \"", session_id, "\" was created with template \"", s->template_name,
-          "\", not \"", create->template_name, "\""));
+      return absl::FailedPreconditionError(
+          absl::StrCat("session \"", session_id, "\" was created with template \"",
+                       s->template_name, "\", not \"", create->template_name, "\""));
     }
     return MakeLeaseLocked(s);
   }
 }
 
 absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Session>& s,
-                                                     Provider* provider,
-                                                     const CreateOptions& o) {
+                                                     Provider* provider, const CreateOptions& o) {
   SandboxSpec spec;
   spec.tenant = s->tenant;
   spec.session_id = s->session_id;
@@ -237,7 +235,9 @@ absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Sessi
     s->gone = true;
     s->create_status = status;
     Log(LogLevel::kWarning, "session.create_failed",
-        {{"tenant", s->tenant}, {"session_id", s->session_id}, {"provider", s->provider},
+        {{"tenant", s->tenant},
+         {"session_id", s->session_id},
+         {"provider", s->provider},
          {"code", absl::StatusCodeToString(status.code())}});
     return status;
   }
@@ -251,7 +251,9 @@ absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Sessi
     lifetime_.insert({s->lifetime_key, s.get()});
   }
   Log(LogLevel::kInfo, "session.created",
-      {{"tenant", s->tenant}, {"session_id", s->session_id}, {"provider", s->provider},
+      {{"tenant", s->tenant},
+       {"session_id", s->session_id},
+       {"provider", s->provider},
        {"sandbox_id", s->sandbox_id},
        {"duration_ms", absl::ToInt64Milliseconds(clock_->Monotonic() - start)}});
   return MakeLeaseLocked(s);
@@ -269,13 +271,15 @@ void SessionManager::FinishClose(const std::shared_ptr<Session>& s,
   --total_;
   s->gone = true;
   Log(st.ok() ? LogLevel::kInfo : LogLevel::kWarning, "session.closed",
-      {{"tenant", s->tenant}, {"session_id", s->session_id}, {"provider", s->provider},
-       {"sandbox_id", s->sandbox_id}, {"reason", CloseReasonName(reason)},
+      {{"tenant", s->tenant},
+       {"session_id", s->session_id},
+       {"provider", s->provider},
+       {"sandbox_id", s->sandbox_id},
+       {"reason", CloseReasonName(reason)},
        {"destroy", st.ok() ? std::string("ok") : std::string(st.message())}});
 }
 
-absl::StatusOr<bool> SessionManager::Close(const std::string& tenant,
-                                           const std::string& session_id,
+absl::StatusOr<bool> SessionManager::Close(const std::string& tenant, const std::string& session_id,
                                            CloseReason reason) {
   std::shared_ptr<Session> s;
   std::shared_ptr<Sandbox> sandbox;
@@ -347,9 +351,8 @@ absl::StatusOr<SessionView> SessionManager::Get(const std::string& tenant,
   return absl::NotFoundError(absl::StrCat("session \"", session_id, "\" not found"));
 }
 
-std::vector<SessionView> SessionManager::List(const std::string& tenant,
-                                              const std::string& after, int limit,
-                                              bool* more) {
+std::vector<SessionView> SessionManager::List(const std::string& tenant, const std::string& after,
+                                              int limit, bool* more) {
   std::vector<SessionView> out;
   *more = false;
   absl::MutexLock l(&mu_);

@@ -96,9 +96,8 @@ class Lease {
 // Thread-safe.
 class SessionManager {
  public:
-  SessionManager(const ProviderRegistry* providers, Clock* clock,
-                 SessionLimits limits, std::string default_provider,
-                 std::string broker_instance_id);
+  SessionManager(const ProviderRegistry* providers, Clock* clock, SessionLimits limits,
+                 std::string default_provider, std::string broker_instance_id);
   ~SessionManager();
 
   // A lease on the session. When it has no sandbox and `create` is set, one
@@ -107,27 +106,23 @@ class SessionManager {
   // RESOURCE_EXHAUSTED (tenant quota), FAILED_PRECONDITION (spec conflicts
   // with the session; unknown provider), and whatever the provider's Create
   // returns.
-  absl::StatusOr<Lease> Acquire(const std::string& tenant,
-                                const std::string& session_id,
+  absl::StatusOr<Lease> Acquire(const std::string& tenant, const std::string& session_id,
                                 const CreateOptions* create);
 
   // Closes the session: waits (bounded) for in-flight calls, destroys the
   // sandbox exactly once. Returns whether the session existed. Idempotent.
-  absl::StatusOr<bool> Close(const std::string& tenant,
-                             const std::string& session_id,
+  absl::StatusOr<bool> Close(const std::string& tenant, const std::string& session_id,
                              CloseReason reason = CloseReason::kClient);
 
-  absl::StatusOr<SessionView> Get(const std::string& tenant,
-                                  const std::string& session_id);
+  absl::StatusOr<SessionView> Get(const std::string& tenant, const std::string& session_id);
 
   // Up to `limit` sessions with id > `after`, ordered by id; `more` tells
   // whether any follow.
-  std::vector<SessionView> List(const std::string& tenant, const std::string& after,
-                                int limit, bool* more);
+  std::vector<SessionView> List(const std::string& tenant, const std::string& after, int limit,
+                                bool* more);
 
   // Counts as activity; returns the new idle deadline. NOT_FOUND if none.
-  absl::StatusOr<absl::Time> KeepAlive(const std::string& tenant,
-                                       const std::string& session_id);
+  absl::StatusOr<absl::Time> KeepAlive(const std::string& tenant, const std::string& session_id);
 
   // Closes sessions idle past the idle timeout or older than the max
   // lifetime. Work is proportional to the sessions that expire. Returns how
@@ -151,10 +146,9 @@ class SessionManager {
   // removes the session from the table.
   void FinishClose(const std::shared_ptr<Session>& s, std::shared_ptr<Sandbox> sandbox,
                    CloseReason reason);
-  absl::StatusOr<Lease> CreateAndLease(const std::shared_ptr<Session>& s,
-                                       Provider* provider, const CreateOptions& o);
-  Lease MakeLeaseLocked(const std::shared_ptr<Session>& s)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Lease> CreateAndLease(const std::shared_ptr<Session>& s, Provider* provider,
+                                       const CreateOptions& o);
+  Lease MakeLeaseLocked(const std::shared_ptr<Session>& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ProviderRegistry* const providers_;
   Clock* const clock_;
@@ -164,8 +158,8 @@ class SessionManager {
 
   mutable absl::Mutex mu_;
   // tenant -> (session id -> session), ordered for paging.
-  absl::flat_hash_map<std::string, std::map<std::string, std::shared_ptr<Session>>>
-      tenants_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::map<std::string, std::shared_ptr<Session>>> tenants_
+      ABSL_GUARDED_BY(mu_);
   int64_t total_ ABSL_GUARDED_BY(mu_) = 0;
   // Ready sessions with no call in flight, by idle deadline (monotonic).
   absl::btree_set<std::pair<absl::Time, Session*>> idle_ ABSL_GUARDED_BY(mu_);

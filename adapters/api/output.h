@@ -3,9 +3,9 @@
 #include <cstddef>
 #include <functional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <utility>
 
+#include "absl/strings/string_view.h"
 #include "adapters/api/provider.h"
 
 namespace sandbox {
@@ -15,8 +15,7 @@ namespace sandbox {
 // dropped and mark the output truncated. Not thread-safe.
 class OutputCollector {
  public:
-  OutputCollector(size_t max_bytes,
-                  std::function<void(OutputStream, absl::string_view)> on_output)
+  OutputCollector(size_t max_bytes, std::function<void(OutputStream, absl::string_view)> on_output)
       : max_bytes_(max_bytes), on_output_(std::move(on_output)) {}
 
   void Append(OutputStream stream, absl::string_view data) {

@@ -9,10 +9,10 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace sandbox {
@@ -82,13 +82,11 @@ class Sandbox {
   // directory), creating parents. Errors: INVALID_ARGUMENT (bad path, a
   // directory), PERMISSION_DENIED (escapes the workspace), RESOURCE_EXHAUSTED,
   // UNAVAILABLE. Idempotent.
-  virtual absl::Status WriteFile(absl::string_view path,
-                                 absl::string_view data) = 0;
+  virtual absl::Status WriteFile(absl::string_view path, absl::string_view data) = 0;
 
   // Reads the file at `path`; nullopt when it does not exist. Errors as
   // WriteFile. Idempotent.
-  virtual absl::StatusOr<std::optional<std::string>> ReadFile(
-      absl::string_view path) = 0;
+  virtual absl::StatusOr<std::optional<std::string>> ReadFile(absl::string_view path) = 0;
 
   // Tells the provider the sandbox is still in use (for providers with their
   // own idle timers). Idempotent.
@@ -108,8 +106,7 @@ class Provider {
   // missing API key), RESOURCE_EXHAUSTED (provider capacity), UNAVAILABLE
   // (unreachable; retryable), INVALID_ARGUMENT (bad template/spec). A failed
   // create leaves nothing behind. Not idempotent.
-  virtual absl::StatusOr<std::unique_ptr<Sandbox>> Create(
-      const SandboxSpec& spec) = 0;
+  virtual absl::StatusOr<std::unique_ptr<Sandbox>> Create(const SandboxSpec& spec) = 0;
 };
 
 }  // namespace sandbox

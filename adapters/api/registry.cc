@@ -35,9 +35,8 @@ absl::StatusOr<Provider*> ProviderRegistry::Find(absl::string_view name) const {
   if (auto it = unavailable_.find(name); it != unavailable_.end()) {
     return absl::FailedPreconditionError(it->second);
   }
-  return absl::FailedPreconditionError(
-      absl::StrCat("unknown provider \"", name, "\" (configured: ",
-                   absl::StrJoin(Names(), ", "), ")"));
+  return absl::FailedPreconditionError(absl::StrCat(
+      "unknown provider \"", name, "\" (configured: ", absl::StrJoin(Names(), ", "), ")"));
 }
 
 std::vector<std::string> ProviderRegistry::Names() const {

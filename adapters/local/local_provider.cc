@@ -56,19 +56,19 @@ namespace {
 // /etc entries programs need; the rest of /etc (and every config file of
 // the broker) stays invisible.
 const char* const kEtcAllowList[] = {
-    "alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd",
-    "group", "nsswitch.conf", "localtime", "timezone", "ssl", "ca-certificates",
-    "mime.types", "hosts", "host.conf", "bash.bashrc", "profile", "inputrc",
-    "terminfo", "magic", "locale.alias", "locale.gen", "python3", "python3.11",
-    "debian_version", "os-release", "protocols", "services"};
+    "alternatives",    "ld.so.cache",   "ld.so.conf", "ld.so.conf.d",   "passwd",
+    "group",           "nsswitch.conf", "localtime",  "timezone",       "ssl",
+    "ca-certificates", "mime.types",    "hosts",      "host.conf",      "bash.bashrc",
+    "profile",         "inputrc",       "terminfo",   "magic",          "locale.alias",
+    "locale.gen",      "python3",       "python3.11", "debian_version", "os-release",
+    "protocols",       "services"};
 
 const char* const kTopLevelDirs[] = {"bin", "sbin", "lib", "lib32", "lib64", "libx32"};
 
 std::string DefaultWorkspaceRoot() {
   if (geteuid() == 0) return "/var/lib/sandbox-broker/workspaces";
   const char* tmp = getenv("TMPDIR");
-  return absl::StrCat(tmp && *tmp ? tmp : "/tmp", "/sandbox-broker-", geteuid(),
-                      "/workspaces");
+  return absl::StrCat(tmp && *tmp ? tmp : "/tmp", "/sandbox-broker-", geteuid(), "/workspaces");
 }
 
 absl::Status MakeDirs(const std::string& path, mode_t mode) {
@@ -89,9 +89,8 @@ absl::Status MakeDirs(const std::string& path, mode_t mode) {
 
 class LocalSandbox final : public Sandbox {
  public:
-  LocalSandbox(const LocalProvider* provider,
-               std::shared_ptr<LocalProvider::UidPool> uids, std::string id,
-               std::string workspace, int uid, const SandboxSpec& spec)
+  LocalSandbox(const LocalProvider* provider, std::shared_ptr<LocalProvider::UidPool> uids,
+               std::string id, std::string workspace, int uid, const SandboxSpec& spec)
       : provider_(provider),
         uids_(std::move(uids)),
         id_(std::move(id)),
@@ -126,12 +125,9 @@ class LocalSandbox final : public Sandbox {
     // An empty program still needs its (empty) input rather than /dev/null
     // semantics to differ; both read as empty, so nothing to do.
     p.argv = provider_->WrapCommand(workspace_, cmd);
-    const std::string home =
-        cfg.isolation == "none" ? workspace_ : cfg.mount_point;
+    const std::string home = cfg.isolation == "none" ? workspace_ : cfg.mount_point;
     std::map<std::string, std::string> env = {
-        {"PATH", "/usr/local/bin:/usr/bin:/bin"},
-        {"HOME", home},
-        {"LANG", "C.UTF-8"}};
+        {"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", home}, {"LANG", "C.UTF-8"}};
     for (const auto& [k, v] : env_) env[k] = v;
     for (const auto& [k, v] : request.env) env[k] = v;
     for (const auto& [k, v] : env) p.env.push_back(absl::StrCat(k, "=", v));
@@ -287,8 +283,8 @@ LocalProvider::LocalProvider(LocalConfig config, std::shared_ptr<UidPool> uids)
   }
 }
 
-std::vector<std::string> LocalProvider::WrapCommand(
-    const std::string& workspace, const std::vector<std::string>& command) const {
+std::vector<std::string> LocalProvider::WrapCommand(const std::string& workspace,
+                                                    const std::vector<std::string>& command) const {
   if (config_.isolation == "none") return command;
   std::vector<std::string> a = {config_.bwrap_path,
                                 "--unshare-user",
@@ -302,9 +298,8 @@ std::vector<std::string> LocalProvider::WrapCommand(
                                 "--hostname",
                                 "sandbox"};
   a.insert(a.end(), system_args_.begin(), system_args_.end());
-  a.insert(a.end(), {"--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-                     "--bind", workspace, config_.mount_point, "--chdir",
-                     config_.mount_point, "--"});
+  a.insert(a.end(), {"--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", workspace,
+                     config_.mount_point, "--chdir", config_.mount_point, "--"});
   a.insert(a.end(), command.begin(), command.end());
   return a;
 }
@@ -318,9 +313,9 @@ absl::Status LocalProvider::Probe() {
     return absl::OkStatus();
   }
   if (access(config_.bwrap_path.c_str(), X_OK) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "local: bubblewrap not found at ", config_.bwrap_path,
-        " (install the bubblewrap package, or set providers.local.bwrap_path)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("local: bubblewrap not found at ", config_.bwrap_path,
+                     " (install the bubblewrap package, or set providers.local.bwrap_path)"));
   }
   // One real sandbox, the way runs will use it.
   std::string ws = absl::StrCat(config_.workspace_root, "/.probe-", RandomHex(8));
@@ -347,10 +342,10 @@ absl::Status LocalProvider::Probe() {
   if (!r.ok() || r->exit_code != 0) {
     std::string why = r.ok() ? r->output : std::string(r.status().message());
     while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "local: bubblewrap cannot create namespaces here (", why,
-        "); enable unprivileged user namespaces, or set "
-        "providers.local.isolation to \"none\" for development only"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("local: bubblewrap cannot create namespaces here (", why,
+                     "); enable unprivileged user namespaces, or set "
+                     "providers.local.isolation to \"none\" for development only"));
   }
   return absl::OkStatus();
 }
@@ -384,8 +379,7 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Create(const SandboxSpec
     int err = errno;
     rmdir(ws.c_str());
     if (uid >= 0) uids_->Release(uid);
-    return absl::InternalError(
-        absl::StrCat("local: create workspace: ", strerror(err)));
+    return absl::InternalError(absl::StrCat("local: create workspace: ", strerror(err)));
   }
   return std::unique_ptr<Sandbox>(
       new LocalSandbox(this, uids_, std::move(id), std::move(ws), uid, spec));

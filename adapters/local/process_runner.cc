@@ -84,9 +84,8 @@ void SetLimit(int resource, uint64_t value) {
 }
 
 // Runs in the child between fork and exec. Async-signal-safe calls only.
-[[noreturn]] void ExecChild(const ProcessSpec& spec, char* const* argv,
-                            char* const* envp, int stdin_fd, int out_w,
-                            int err_w, int fd3) {
+[[noreturn]] void ExecChild(const ProcessSpec& spec, char* const* argv, char* const* envp,
+                            int stdin_fd, int out_w, int err_w, int fd3) {
   setpgid(0, 0);
   sigset_t all;
   sigemptyset(&all);
@@ -160,8 +159,7 @@ absl::StatusOr<ExecResult> RunProcess(const ProcessSpec& spec) {
   pid_t pid = fork();
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
   if (pid == 0) {
-    ExecChild(spec, argv.data(), envp.data(), stdin_fd.get(), out_w.get(),
-              err_w.get(), fd3.get());
+    ExecChild(spec, argv.data(), envp.data(), stdin_fd.get(), out_w.get(), err_w.get(), fd3.get());
   }
   setpgid(pid, pid);  // also in the parent, so a kill cannot race the child
   out_w.reset();
@@ -212,8 +210,8 @@ absl::StatusOr<ExecResult> RunProcess(const ProcessSpec& spec) {
       cancelled = true;
       kill_group();
     }
-    absl::Duration wait = exited ? drain_deadline - now
-                                 : (killed ? absl::Milliseconds(10) : deadline - now);
+    absl::Duration wait =
+        exited ? drain_deadline - now : (killed ? absl::Milliseconds(10) : deadline - now);
     if (spec.cancelled) wait = std::min(wait, absl::Milliseconds(50));
     if (pidfd.get() < 0 && !exited) wait = std::min(wait, absl::Milliseconds(10));
     int wait_ms = static_cast<int>(
@@ -222,9 +220,18 @@ absl::StatusOr<ExecResult> RunProcess(const ProcessSpec& spec) {
     struct pollfd fds[3];
     int n = 0;
     int out_idx = -1, err_idx = -1, pid_idx = -1;
-    if (out_r.get() >= 0) { out_idx = n; fds[n++] = {out_r.get(), POLLIN, 0}; }
-    if (err_r.get() >= 0) { err_idx = n; fds[n++] = {err_r.get(), POLLIN, 0}; }
-    if (!exited && pidfd.get() >= 0) { pid_idx = n; fds[n++] = {pidfd.get(), POLLIN, 0}; }
+    if (out_r.get() >= 0) {
+      out_idx = n;
+      fds[n++] = {out_r.get(), POLLIN, 0};
+    }
+    if (err_r.get() >= 0) {
+      err_idx = n;
+      fds[n++] = {err_r.get(), POLLIN, 0};
+    }
+    if (!exited && pidfd.get() >= 0) {
+      pid_idx = n;
+      fds[n++] = {pidfd.get(), POLLIN, 0};
+    }
     int pr = poll(fds, static_cast<nfds_t>(n), wait_ms);
     if (pr < 0 && errno != EINTR) break;
     auto drain = [&](int idx, Fd& fd, OutputStream stream) {

@@ -45,8 +45,7 @@ absl::Status Errno(absl::string_view what, absl::string_view path, int err) {
       return absl::InvalidArgumentError(
           absl::StrCat("path \"", path, "\": a parent is not a directory"));
     case EISDIR:
-      return absl::InvalidArgumentError(
-          absl::StrCat("path \"", path, "\" is a directory"));
+      return absl::InvalidArgumentError(absl::StrCat("path \"", path, "\" is a directory"));
     case EACCES:
     case EPERM:
       return absl::PermissionDeniedError(msg);
@@ -61,17 +60,21 @@ absl::Status Errno(absl::string_view what, absl::string_view path, int err) {
   }
 }
 
+// After ENOTDIR/ELOOP on `name` in `dir`: a symlink is refused outright.
+bool IsSymlink(int dir, const char* name) {
+  struct stat st;
+  return fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode);
+}
+
 // Checks an opened final component: a regular file with one link.
 absl::Status CheckRegular(int fd, absl::string_view path) {
   struct stat st;
   if (fstat(fd, &st) != 0) return Errno("stat", path, errno);
   if (S_ISDIR(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("path \"", path, "\" is a directory"));
+    return absl::InvalidArgumentError(absl::StrCat("path \"", path, "\" is a directory"));
   }
   if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("path \"", path, "\" is not a regular file"));
+    return absl::InvalidArgumentError(absl::StrCat("path \"", path, "\" is not a regular file"));
   }
   if (st.st_nlink > 1) {
     return absl::PermissionDeniedError(
@@ -82,16 +85,15 @@ absl::Status CheckRegular(int fd, absl::string_view path) {
 
 }  // namespace
 
-WorkspaceFs::WorkspaceFs(std::string root, std::string mount_point, int uid,
-                         int gid, size_t max_file_bytes)
+WorkspaceFs::WorkspaceFs(std::string root, std::string mount_point, int uid, int gid,
+                         size_t max_file_bytes)
     : root_(std::move(root)),
       mount_point_(std::move(mount_point)),
       uid_(uid),
       gid_(gid),
       max_file_bytes_(max_file_bytes) {}
 
-absl::StatusOr<std::vector<std::string>> WorkspaceFs::Resolve(
-    absl::string_view path) const {
+absl::StatusOr<std::vector<std::string>> WorkspaceFs::Resolve(absl::string_view path) const {
   if (path.empty()) return absl::InvalidArgumentError("path is empty");
   if (path.size() > kMaxPathBytes) {
     return absl::InvalidArgumentError(
@@ -103,12 +105,11 @@ absl::StatusOr<std::vector<std::string>> WorkspaceFs::Resolve(
   absl::string_view rel = path;
   if (rel.front() == '/') {
     absl::string_view mp = mount_point_;
-    if (rel.substr(0, mp.size()) == mp &&
-        (rel.size() == mp.size() || rel[mp.size()] == '/')) {
+    if (rel.substr(0, mp.size()) == mp && (rel.size() == mp.size() || rel[mp.size()] == '/')) {
       rel.remove_prefix(mp.size());
     } else {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "path \"", path, "\" is outside the workspace ", mount_point_));
+      return absl::PermissionDeniedError(
+          absl::StrCat("path \"", path, "\" is outside the workspace ", mount_point_));
     }
   }
   std::vector<std::string> parts;
@@ -123,8 +124,8 @@ absl::StatusOr<std::vector<std::string>> WorkspaceFs::Resolve(
       continue;
     }
     if (c.size() > kMaxComponentBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "path \"", path, "\" has a component longer than 255 bytes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("path \"", path, "\" has a component longer than 255 bytes"));
     }
     parts.emplace_back(c);
   }
@@ -135,13 +136,12 @@ absl::StatusOr<std::vector<std::string>> WorkspaceFs::Resolve(
   return parts;
 }
 
-absl::Status WorkspaceFs::Write(absl::string_view path,
-                                absl::string_view data) const {
+absl::Status WorkspaceFs::Write(absl::string_view path, absl::string_view data) const {
   auto parts = Resolve(path);
   if (!parts.ok()) return parts.status();
   if (data.size() > max_file_bytes_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "file is ", data.size(), " bytes; the limit is ", max_file_bytes_));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("file is ", data.size(), " bytes; the limit is ", max_file_bytes_));
   }
   Fd dir(open(root_.c_str(), O_DIRECTORY | O_RDONLY | O_CLOEXEC));
   if (dir.get() < 0) return Errno("open workspace", path, errno);
@@ -154,6 +154,9 @@ absl::Status WorkspaceFs::Write(absl::string_view path,
       }
       fd = openat(dir.get(), name, O_DIRECTORY | O_NOFOLLOW | O_RDONLY | O_CLOEXEC);
       if (fd >= 0 && uid_ >= 0) (void)!fchown(fd, uid_, gid_);
+    }
+    if (fd < 0 && (errno == ENOTDIR || errno == ELOOP) && IsSymlink(dir.get(), name)) {
+      return Errno("open", path, ELOOP);
     }
     if (fd < 0) return Errno("open", path, errno);
     dir.reset(fd);
@@ -176,23 +179,24 @@ absl::Status WorkspaceFs::Write(absl::string_view path,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::optional<std::string>> WorkspaceFs::Read(
-    absl::string_view path) const {
+absl::StatusOr<std::optional<std::string>> WorkspaceFs::Read(absl::string_view path) const {
   auto parts = Resolve(path);
   if (!parts.ok()) return parts.status();
   Fd dir(open(root_.c_str(), O_DIRECTORY | O_RDONLY | O_CLOEXEC));
   if (dir.get() < 0) return Errno("open workspace", path, errno);
   for (size_t i = 0; i + 1 < parts->size(); ++i) {
-    int fd = openat(dir.get(), (*parts)[i].c_str(),
-                    O_DIRECTORY | O_NOFOLLOW | O_RDONLY | O_CLOEXEC);
+    int fd =
+        openat(dir.get(), (*parts)[i].c_str(), O_DIRECTORY | O_NOFOLLOW | O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
+      if ((errno == ENOTDIR || errno == ELOOP) && IsSymlink(dir.get(), (*parts)[i].c_str())) {
+        return Errno("open", path, ELOOP);
+      }
       if (errno == ENOENT || errno == ENOTDIR) return std::optional<std::string>();
       return Errno("open", path, errno);
     }
     dir.reset(fd);
   }
-  Fd file(openat(dir.get(), parts->back().c_str(),
-                 O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  Fd file(openat(dir.get(), parts->back().c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   if (file.get() < 0) {
     if (errno == ENOENT) return std::optional<std::string>();
     return Errno("open", path, errno);
@@ -201,8 +205,8 @@ absl::StatusOr<std::optional<std::string>> WorkspaceFs::Read(
   struct stat st;
   if (fstat(file.get(), &st) != 0) return Errno("stat", path, errno);
   if (static_cast<uint64_t>(st.st_size) > max_file_bytes_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "file is ", st.st_size, " bytes; the limit is ", max_file_bytes_));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("file is ", st.st_size, " bytes; the limit is ", max_file_bytes_));
   }
   std::string out;
   char buf[64 * 1024];
@@ -215,8 +219,8 @@ absl::StatusOr<std::optional<std::string>> WorkspaceFs::Read(
     if (r == 0) break;
     out.append(buf, static_cast<size_t>(r));
     if (out.size() > max_file_bytes_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "file is larger than the limit of ", max_file_bytes_, " bytes"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("file is larger than the limit of ", max_file_bytes_, " bytes"));
     }
   }
   return std::optional<std::string>(std::move(out));
@@ -233,8 +237,7 @@ absl::Status RemoveTree(const std::string& path) {
       },
       64, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
   if (rc != 0) {
-    return absl::InternalError(
-        absl::StrCat("remove workspace ", path, ": ", strerror(errno)));
+    return absl::InternalError(absl::StrCat("remove workspace ", path, ": ", strerror(errno)));
   }
   return absl::OkStatus();
 }

@@ -2,11 +2,11 @@
 
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace sandbox {
 
@@ -22,8 +22,7 @@ class WorkspaceFs {
   // `root` is the workspace on the host; `mount_point` is where sandboxed
   // code sees it (absolute paths under it are accepted). New files and
   // directories are owned by uid/gid (-1 = leave as created).
-  WorkspaceFs(std::string root, std::string mount_point, int uid, int gid,
-              size_t max_file_bytes);
+  WorkspaceFs(std::string root, std::string mount_point, int uid, int gid, size_t max_file_bytes);
 
   // The path's components relative to the workspace. INVALID_ARGUMENT for an
   // empty or malformed path, PERMISSION_DENIED for one that leaves the

@@ -1,1 +1,247 @@
+#include "adapters/local/local_provider.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "tests/testing/temp_dir.h"
+
+namespace sandbox {
+namespace {
+
+// True while any host process has `marker` in its command line.
+bool ProcessWithMarkerExists(const std::string& marker) {
+  DIR* d = opendir("/proc");
+  bool found = false;
+  while (struct dirent* e = readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    std::ifstream in(absl::StrCat("/proc/", e->d_name, "/cmdline"));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (ss.str().find(marker) != std::string::npos) found = true;
+  }
+  closedir(d);
+  return found;
+}
+
+class LocalProviderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    LocalConfig c;
+    c.workspace_root = dir_.path() + "/ws";
+    c.uid_base = 610000;
+    c.max_processes = 32;
+    c.memory_bytes = int64_t{1} << 30;
+    auto p = LocalProvider::Create(c);
+    ASSERT_TRUE(p.ok()) << p.status();
+    provider_ = std::move(*p);
+    SandboxSpec spec;
+    spec.session_id = "s1";
+    auto sb = provider_->Create(spec);
+    ASSERT_TRUE(sb.ok()) << sb.status();
+    sandbox_ = std::move(*sb);
+  }
+
+  ExecResult Exec(Language lang, const std::string& code,
+                  absl::Duration timeout = absl::Seconds(30),
+                  std::map<std::string, std::string> env = {}) {
+    ExecRequest r;
+    r.language = lang;
+    r.code = code;
+    r.timeout = timeout;
+    r.env = std::move(env);
+    auto res = sandbox_->Exec(r);
+    EXPECT_TRUE(res.ok()) << res.status();
+    return res.ok() ? *res : ExecResult{};
+  }
+
+  TempDir dir_;
+  std::unique_ptr<LocalProvider> provider_;
+  std::unique_ptr<Sandbox> sandbox_;
+};
+
+TEST_F(LocalProviderTest, RunsEachLanguageWithCodeOfAnyBytesExactly) {
+  const std::string py = "s = 'it\\'s \"quoted\" \\\\ $HOME `x` \u00fc \u20ac'\nprint(s)\n";
+  EXPECT_EQ(Exec(Language::kPython, py).output, "it's \"quoted\" \\ $HOME `x` \u00fc \u20ac\n");
+  EXPECT_EQ(Exec(Language::kNode, "console.log(`a'b\"c ${1+1}`)").output, "a'b\"c 2\n");
+  ExecResult sh = Exec(Language::kShell, "printf '%s\\n' \"$0\" >/dev/null; echo \"x'y\"; exit 4");
+  EXPECT_EQ(sh.output, "x'y\n");
+  EXPECT_EQ(sh.exit_code, 4);
+}
+
+TEST_F(LocalProviderTest, EnvironmentIsClearedButForPathHomeLangAndTheRequest) {
+  setenv("E2B_API_KEY", "e2b_sekrit_host_key", 1);
+  ExecResult r = Exec(Language::kShell, "env | sort", absl::Seconds(30), {{"MY_VAR", "v1"}});
+  EXPECT_NE(r.output.find("MY_VAR=v1\n"), std::string::npos);
+  EXPECT_NE(r.output.find("HOME=/workspace\n"), std::string::npos);
+  EXPECT_EQ(r.output.find("sekrit"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("E2B_API_KEY"), std::string::npos);
+}
+
+TEST_F(LocalProviderTest, HostFilesAndProcessesAreInvisible) {
+  std::string secret_file = dir_.path() + "/broker-config.json";
+  std::ofstream(secret_file) << "{\"api_key\": \"sekrit\"}";
+  ExecResult r =
+      Exec(Language::kShell,
+           absl::StrCat("cat ", secret_file,
+                        " 2>&1; cat /etc/shadow 2>&1; ls /root /home 2>&1;"
+                        " cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c KEY;"
+                        " ls /proc | grep -c '^[0-9]'"));
+  EXPECT_EQ(r.output.find("sekrit"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("No such file"), std::string::npos) << r.output;
+  // Only the sandbox's own few processes exist in its pid namespace.
+  EXPECT_NE(r.output.find("\n0\n"), std::string::npos) << r.output;
+}
+
+TEST_F(LocalProviderTest, NetworkIsBlocked) {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(listen(s, 1), 0);
+  socklen_t len = sizeof(a);
+  getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  ExecResult r = Exec(Language::kPython, absl::StrCat(R"(
+import socket
+for host in ["127.0.0.1", "10.0.0.1"]:
+    try:
+        socket.create_connection((host, )",
+                                                      port, R"(), timeout=2)
+        print("connected", host)
+    except OSError as e:
+        print("blocked", host)
+try:
+    socket.getaddrinfo("example.com", 80)
+    print("resolved")
+except OSError:
+    print("no dns")
+)"));
+  EXPECT_EQ(r.output, "blocked 127.0.0.1\nblocked 10.0.0.1\nno dns\n");
+  close(s);
+}
+
+TEST_F(LocalProviderTest, TimeoutKillsTheWholeTreeIncludingADetachedGrandchild) {
+  const std::string marker = absl::StrCat("grandchild-marker-", getpid());
+  ExecResult r = Exec(
+      Language::kShell,
+      absl::StrCat("echo before; setsid bash -c 'sleep 1000; : ", marker, "' & disown; sleep 1000"),
+      absl::Milliseconds(1500));
+  EXPECT_TRUE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 124);
+  EXPECT_EQ(r.output, "before\n");
+  // The namespace dies with its init; allow the kernel a moment to reap.
+  for (int i = 0; i < 500 && ProcessWithMarkerExists(marker); ++i) usleep(10000);
+  EXPECT_FALSE(ProcessWithMarkerExists(marker));
+}
+
+TEST_F(LocalProviderTest, ResourceLimitsHold) {
+  ExecResult procs =
+      Exec(Language::kShell,
+           "for i in $(seq 64); do sleep 2 & done 2>&1 | grep -c 'Resource temporarily' "
+           ">/dev/null && echo limited; wait");
+  EXPECT_NE(procs.output.find("limited"), std::string::npos) << procs.output;
+  ExecResult mem = Exec(Language::kPython,
+                        "try:\n  b = bytearray(3 << 30)\n  print('allocated')\n"
+                        "except MemoryError:\n  print('memory limited')\n");
+  EXPECT_EQ(mem.output, "memory limited\n");
+}
+
+TEST_F(LocalProviderTest, SystemIsReadOnlyAndTmpIsPrivatePerRun) {
+  ExecResult r =
+      Exec(Language::kShell, "touch /usr/x 2>/dev/null || echo ro; echo t > /tmp/t && cat /tmp/t");
+  EXPECT_EQ(r.output, "ro\nt\n");
+  EXPECT_EQ(Exec(Language::kShell, "ls /tmp | wc -l").output, "0\n");
+}
+
+TEST_F(LocalProviderTest, FilesMoveBetweenTheApiAndCode) {
+  ASSERT_TRUE(sandbox_->WriteFile("data/in.txt", "from api").ok());
+  ExecResult r = Exec(Language::kPython,
+                      "print(open('data/in.txt').read()); open('out.txt','w').write('from code')");
+  EXPECT_EQ(r.output, "from api\n");
+  EXPECT_EQ(**sandbox_->ReadFile("/workspace/out.txt"), "from code");
+  // A symlink planted by sandboxed code does not lead the broker outside.
+  Exec(Language::kShell, "ln -s /etc/passwd pw; ln -s / root");
+  EXPECT_EQ(sandbox_->ReadFile("pw").status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(sandbox_->WriteFile("root/etc/evil", "x").code(), absl::StatusCode::kPermissionDenied);
+}
+
+TEST_F(LocalProviderTest, SandboxesDoNotSeeEachOther) {
+  ASSERT_TRUE(sandbox_->WriteFile("mine.txt", "a").ok());
+  auto other = provider_->Create(SandboxSpec{});
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE((*other)->id(), sandbox_->id());
+  ExecRequest req;
+  req.language = Language::kShell;
+  req.code = absl::StrCat("ls -A /workspace; ls ", dir_.path(), "/ws 2>&1 | head -1; id -u");
+  auto r = (*other)->Exec(req);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->output.find("mine.txt"), std::string::npos) << r->output;
+  EXPECT_EQ(r->output.find(sandbox_->id()), std::string::npos) << r->output;
+  EXPECT_FALSE((*other)->ReadFile("mine.txt")->has_value());
+}
+
+TEST_F(LocalProviderTest, DestroyKillsRunningCodeAndRemovesTheWorkspace) {
+  ASSERT_TRUE(sandbox_->WriteFile("f", "x").ok());
+  const std::string ws = dir_.path() + "/ws/" + sandbox_->id();
+  ASSERT_EQ(access(ws.c_str(), F_OK), 0);
+  absl::Notification started, done;
+  absl::StatusOr<ExecResult> result;
+  std::thread t([&] {
+    ExecRequest req;
+    req.language = Language::kShell;
+    req.code = "echo running; sleep 300";
+    req.timeout = absl::Seconds(120);
+    req.on_output = [&](OutputStream, absl::string_view) {
+      if (!started.HasBeenNotified()) started.Notify();
+    };
+    result = sandbox_->Exec(req);
+    done.Notify();
+  });
+  // The run's first output says it has really started.
+  started.WaitForNotification();
+  ASSERT_TRUE(sandbox_->Destroy().ok());
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  t.join();
+  ASSERT_TRUE(result.ok());
+  EXPECT_FALSE(result->timed_out);
+  EXPECT_EQ(result->exit_code, 128 + 9);
+  EXPECT_NE(access(ws.c_str(), F_OK), 0);
+  EXPECT_TRUE(sandbox_->Destroy().ok());  // idempotent
+  ExecRequest req;
+  req.code = "print(1)";
+  EXPECT_EQ(sandbox_->Exec(req).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(LocalProviderConfig, BadValuesAreNamed) {
+  auto bad = ParseLocalConfig(nlohmann::json::parse(R"({"isolation": "chroot"})"));
+  EXPECT_EQ(bad.status().message(), "providers.local.isolation: must be one of: bwrap, none");
+  auto unknown = ParseLocalConfig(nlohmann::json::parse(R"({"memory": 5})"));
+  EXPECT_EQ(unknown.status().message(), "providers.local.memory: unknown key");
+  auto mp = ParseLocalConfig(nlohmann::json::parse(R"({"mount_point": "rel"})"));
+  EXPECT_EQ(mp.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(LocalProviderStartup, MissingBubblewrapFailsClearly) {
+  TempDir dir;
+  LocalConfig c;
+  c.workspace_root = dir.path();
+  c.bwrap_path = "/nonexistent/bwrap";
+  auto p = LocalProvider::Create(c);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(p.status().message().find("bubblewrap not found"), absl::string_view::npos);
+}
+
+}  // namespace
+}  // namespace sandbox
