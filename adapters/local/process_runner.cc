@@ -219,7 +219,7 @@ absl::StatusOr<ExecResult> RunProcess(const ProcessSpec& spec) {
 
     struct pollfd fds[3];
     int n = 0;
-    int out_idx = -1, err_idx = -1, pid_idx = -1;
+    int out_idx = -1, err_idx = -1;
     if (out_r.get() >= 0) {
       out_idx = n;
       fds[n++] = {out_r.get(), POLLIN, 0};
@@ -228,10 +228,9 @@ absl::StatusOr<ExecResult> RunProcess(const ProcessSpec& spec) {
       err_idx = n;
       fds[n++] = {err_r.get(), POLLIN, 0};
     }
-    if (!exited && pidfd.get() >= 0) {
-      pid_idx = n;
-      fds[n++] = {pidfd.get(), POLLIN, 0};
-    }
+    // The pidfd turns readable when the child exits; try_reap() below
+    // collects it either way.
+    if (!exited && pidfd.get() >= 0) fds[n++] = {pidfd.get(), POLLIN, 0};
     int pr = poll(fds, static_cast<nfds_t>(n), wait_ms);
     if (pr < 0 && errno != EINTR) break;
     auto drain = [&](int idx, Fd& fd, OutputStream stream) {

@@ -274,7 +274,8 @@ TEST_F(SessionManagerTest, UnknownOrUnavailableProvidersAreFailedPrecondition) {
 
 TEST_F(SessionManagerTest, ListPagesInIdOrder) {
   limits_.max_sessions_per_tenant = 10;
-  for (const char* id : {"c", "a", "e", "b", "d"}) manager().Acquire("t", id, &create_);
+  for (const char* id : {"c", "a", "e", "b", "d"})
+    ASSERT_TRUE(manager().Acquire("t", id, &create_).ok());
   bool more = false;
   auto p1 = manager().List("t", "", 2, &more);
   ASSERT_EQ(p1.size(), 2u);
