@@ -140,6 +140,74 @@ absl::StatusOr<pb::SessionInfo> RemoteSandbox::Info() {
   return resp;
 }
 
+absl::StatusOr<pb::RunResult> RemoteSandbox::RunStream(
+    const std::string& code, const RemoteRunOptions& options,
+    const std::function<void(pb::OutputStream, const std::string&)>& on_chunk) {
+  grpc::ClientContext ctx;
+  const int t = options.timeout_seconds > 0 ? options.timeout_seconds : 3600;
+  Prepare(&ctx, absl::Seconds(t) + kRunMargin);
+  pb::RunRequest req;
+  req.set_session_id(session_id_);
+  req.set_code(code);
+  req.set_language(options.language);
+  req.set_timeout_seconds(options.timeout_seconds);
+  req.mutable_env()->insert(options.env.begin(), options.env.end());
+  *req.mutable_spec() = spec_;
+  auto reader = stub_->RunStream(&ctx, req);
+  pb::RunEvent ev;
+  std::optional<pb::RunResult> result;
+  while (reader->Read(&ev)) {
+    if (ev.has_output()) {
+      if (on_chunk) on_chunk(ev.output().stream(), ev.output().data());
+    } else if (ev.has_result()) {
+      result = std::move(*ev.mutable_result());
+    }
+  }
+  grpc::Status s = reader->Finish();
+  if (!s.ok()) return FromGrpcStatus(s);
+  if (!result) return absl::InternalError("stream ended without a result");
+  return *result;
+}
+
+absl::StatusOr<int64_t> RemoteSandbox::KeepAlive() {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, kCallTimeout);
+  pb::KeepAliveRequest req;
+  req.set_session_id(session_id_);
+  pb::KeepAliveResponse resp;
+  grpc::Status s = stub_->KeepAlive(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp.idle_expires_at().seconds();
+}
+
+absl::StatusOr<std::vector<pb::Tool>> RemoteSandbox::ListTools(const std::string& provider,
+                                                               const std::string& dialect) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, kCallTimeout);
+  pb::ListToolsRequest req;
+  req.set_provider(provider);
+  req.set_dialect(dialect);
+  pb::ListToolsResponse resp;
+  grpc::Status s = stub_->ListTools(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return std::vector<pb::Tool>(resp.tools().begin(), resp.tools().end());
+}
+
+absl::StatusOr<pb::CallToolResponse> RemoteSandbox::CallTool(const std::string& name,
+                                                             const std::string& arguments_json) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, absl::Seconds(3600) + kRunMargin);
+  pb::CallToolRequest req;
+  req.set_session_id(session_id_);
+  req.set_name(name);
+  req.set_arguments_json(arguments_json);
+  *req.mutable_spec() = spec_;
+  pb::CallToolResponse resp;
+  grpc::Status s = stub_->CallTool(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp;
+}
+
 absl::StatusOr<std::vector<pb::SessionInfo>> RemoteSandbox::ListSessions() {
   std::vector<pb::SessionInfo> out;
   std::string token;

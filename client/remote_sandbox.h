@@ -1,5 +1,6 @@
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -58,6 +59,18 @@ class RemoteSandbox {
   // Returns whether the session existed. Idempotent.
   absl::StatusOr<bool> Close();
   absl::StatusOr<pb::SessionInfo> Info();
+
+  // Run, streamed: `on_chunk` sees each output chunk as it arrives; the
+  // returned result's output is empty. Cancel by letting `timeout` pass.
+  absl::StatusOr<pb::RunResult> RunStream(
+      const std::string& code, const RemoteRunOptions& options,
+      const std::function<void(pb::OutputStream, const std::string&)>& on_chunk);
+  // Marks the session active; returns the new idle deadline (unix seconds).
+  absl::StatusOr<int64_t> KeepAlive();
+  absl::StatusOr<std::vector<pb::Tool>> ListTools(const std::string& provider = "",
+                                                  const std::string& dialect = "");
+  absl::StatusOr<pb::CallToolResponse> CallTool(const std::string& name,
+                                                const std::string& arguments_json);
 
   // The caller's sessions, all pages.
   absl::StatusOr<std::vector<pb::SessionInfo>> ListSessions();

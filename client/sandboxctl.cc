@@ -37,6 +37,9 @@ commands:
   close                 close the session (destroys its sandbox)
   sessions              list your sessions
   info                  show the session
+  keepalive             mark the session active (holds off idle reaping)
+  tools                 list LLM tool definitions (see --dialect, --provider)
+  call-tool NAME JSON|- execute a tool call; prints its content (exit 1 if is_error)
 
 flags:
   --addr HOST:PORT      broker address ($SANDBOX_BROKER_ADDR, default 127.0.0.1:50051)
@@ -46,6 +49,8 @@ flags:
   --timeout SECONDS     run timeout (0 = broker default)
   --provider NAME       provider for a new session (default: broker's)
   --env K=V             environment for run/shell (repeatable)
+  --stream              run: print output as it is produced
+  --dialect D           tools: "" (plain JSON Schema), openai or anthropic
 
 exit codes: run/shell exit with the program's code (124 = timed out);
   64 usage, 66 file not found, 69 broker error, 74 local I/O error.
@@ -95,6 +100,8 @@ int main(int argc, char** argv) {
   int timeout = 0;
   std::map<std::string, std::string> env;
   std::vector<std::string> args;
+  bool stream = false;
+  std::string dialect;
 
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -132,6 +139,10 @@ int main(int argc, char** argv) {
       if (!next(&v) || v.find('=') == std::string::npos || v.front() == '=')
         return Usage("--env needs K=V");
       env[v.substr(0, v.find('='))] = v.substr(v.find('=') + 1);
+    } else if (a == "--stream") {
+      stream = true;
+    } else if (a == "--dialect") {
+      if (!next(&dialect)) return Usage("--dialect needs a value");
     } else if (a.size() > 1 && a[0] == '-' && a != "-") {
       return Usage("unknown flag " + a);
     } else {
@@ -157,12 +168,20 @@ int main(int argc, char** argv) {
       o.language = lang;
       o.timeout_seconds = timeout;
       o.env = env;
-      r = sb->Run(arg(1), o);
+      if (stream) {
+        r = sb->RunStream(arg(1), o, [](sandbox::pb::OutputStream s, const std::string& data) {
+          FILE* f = s == sandbox::pb::OUTPUT_STREAM_STDERR ? stderr : stdout;
+          fwrite(data.data(), 1, data.size(), f);
+          fflush(f);
+        });
+      } else {
+        r = sb->Run(arg(1), o);
+      }
     } else {
       r = sb->Shell(arg(1), timeout, env);
     }
     if (!r.ok()) return RpcError(r.status());
-    std::cout << r->output() << std::flush;
+    std::cout << r->output() << std::flush;  // empty when streamed
     if (r->truncated()) std::cerr << "sandboxctl: output truncated\n";
     if (r->timed_out()) std::cerr << "sandboxctl: timed out\n";
     return r->exit_code() & 0xff;
@@ -207,6 +226,28 @@ int main(int argc, char** argv) {
     if (!r.ok()) return RpcError(r.status());
     PrintInfo(*r);
     return 0;
+  }
+  if (cmd == "keepalive") {
+    auto r = sb->KeepAlive();
+    if (!r.ok()) return RpcError(r.status());
+    std::cout << "idle_expires="
+              << absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixSeconds(*r),
+                                  absl::UTCTimeZone())
+              << "\n";
+    return 0;
+  }
+  if (cmd == "tools") {
+    auto r = sb->ListTools(provider, dialect);
+    if (!r.ok()) return RpcError(r.status());
+    for (const auto& t : *r) std::cout << t.definition_json() << "\n";
+    return 0;
+  }
+  if (cmd == "call-tool") {
+    if (args.size() != 3) return Usage("call-tool takes NAME and JSON arguments (or -)");
+    auto r = sb->CallTool(args[1], arg(2));
+    if (!r.ok()) return RpcError(r.status());
+    std::cout << r->content() << "\n";
+    return r->is_error() ? 1 : 0;
   }
   return Usage("unknown command " + cmd);
 }

@@ -113,8 +113,9 @@ absl::StatusOr<std::string> DecodeBase64Strict(absl::string_view in) {
   return out;
 }
 
-BrokerCore::BrokerCore(const BrokerConfig& config, SessionManager* sessions, Clock* clock)
-    : config_(config), sessions_(sessions), clock_(clock) {}
+BrokerCore::BrokerCore(const BrokerConfig& config, const ProviderRegistry* providers,
+                       SessionManager* sessions, Clock* clock)
+    : config_(config), providers_(providers), sessions_(sessions), clock_(clock) {}
 
 absl::StatusOr<CreateOptions> BrokerCore::ToCreateOptions(const pb::SessionSpec& spec) const {
   CreateOptions o;
@@ -212,7 +213,8 @@ absl::StatusOr<pb::ListSessionsResponse> BrokerCore::ListSessions(
 absl::StatusOr<pb::RunResult> BrokerCore::Exec(
     const CallContext& ctx, const std::string& session_id, const pb::SessionSpec& spec,
     Language language, bool language_given, const std::string& code, int32_t timeout_seconds,
-    const google::protobuf::Map<std::string, std::string>& env) {
+    const google::protobuf::Map<std::string, std::string>& env,
+    std::function<void(OutputStream, absl::string_view)> on_output) {
   RETURN_IF_ERROR(ValidateSessionId(session_id));
   if (code.empty()) return absl::InvalidArgumentError("code/command is empty");
   if (timeout_seconds < 0) {
@@ -235,6 +237,7 @@ absl::StatusOr<pb::RunResult> BrokerCore::Exec(
   er.env.insert(env.begin(), env.end());
   er.max_output_bytes = static_cast<size_t>(config_.max_output_bytes);
   er.cancelled = ctx.cancelled;
+  er.on_output = std::move(on_output);
   const absl::Time start = clock_->Monotonic();
   ASSIGN_OR_RETURN(ExecResult r, lease.sandbox()->Exec(er));
   pb::RunResult out;
@@ -288,6 +291,123 @@ absl::StatusOr<pb::ReadFileResponse> BrokerCore::ReadFile(const CallContext& ctx
     resp.set_found(true);
     resp.set_contents(req.encoding() == pb::ENCODING_BASE64 ? absl::Base64Escape(*data)
                                                             : RepairUtf8(*data));
+  }
+  return resp;
+}
+
+}  // namespace sandbox
+
+namespace sandbox {
+
+absl::StatusOr<pb::RunResult> BrokerCore::RunStream(
+    const CallContext& ctx, const pb::RunRequest& req,
+    const std::function<void(OutputStream, absl::string_view)>& on_chunk) {
+  ASSIGN_OR_RETURN(Language lang, ToLanguage(req.language()));
+  ASSIGN_OR_RETURN(pb::RunResult r, Exec(ctx, req.session_id(), req.spec(), lang,
+                                         req.language() != pb::LANGUAGE_UNSPECIFIED, req.code(),
+                                         req.timeout_seconds(), req.env(), on_chunk));
+  r.clear_output();
+  return r;
+}
+
+absl::StatusOr<pb::KeepAliveResponse> BrokerCore::KeepAlive(const CallContext& ctx,
+                                                            const pb::KeepAliveRequest& req) {
+  RETURN_IF_ERROR(ValidateSessionId(req.session_id()));
+  {
+    // Never creates; tells the provider too (for provider-side timers).
+    ASSIGN_OR_RETURN(Lease lease, sessions_->Acquire(ctx.tenant, req.session_id(), nullptr));
+    RETURN_IF_ERROR(lease.sandbox()->KeepAlive());
+  }
+  ASSIGN_OR_RETURN(absl::Time deadline, sessions_->KeepAlive(ctx.tenant, req.session_id()));
+  pb::KeepAliveResponse resp;
+  SetTime(deadline, resp.mutable_idle_expires_at());
+  return resp;
+}
+
+ToolLimits BrokerCore::Limits() const {
+  ToolLimits l;
+  l.default_timeout_seconds = config_.default_timeout_seconds;
+  l.max_timeout_seconds = config_.max_timeout_seconds;
+  l.max_output_bytes = config_.max_output_bytes;
+  return l;
+}
+
+absl::StatusOr<pb::ListToolsResponse> BrokerCore::ListTools(const CallContext& ctx,
+                                                            const pb::ListToolsRequest& req) {
+  std::vector<std::string> names;
+  if (req.provider().empty()) {
+    names = providers_->Names();
+  } else {
+    RETURN_IF_ERROR(providers_->Find(req.provider()).status());
+    names.push_back(req.provider());
+  }
+  ASSIGN_OR_RETURN(std::vector<pb::Tool> tools, BuildTools(names, req.dialect(), Limits()));
+  pb::ListToolsResponse resp;
+  for (auto& t : tools) *resp.add_tools() = std::move(t);
+  return resp;
+}
+
+absl::StatusOr<pb::CallToolResponse> BrokerCore::CallTool(const CallContext& ctx,
+                                                          const pb::CallToolRequest& req) {
+  // The platform's mistakes are RPC errors; the model's are tool errors.
+  RETURN_IF_ERROR(ValidateSessionId(req.session_id()));
+  pb::CallToolResponse resp;
+  auto tool_error = [&resp](const absl::Status& s) {
+    resp.set_is_error(true);
+    resp.set_content(
+        s.code() == absl::StatusCode::kInvalidArgument
+            ? absl::StrCat("error: ", s.message())
+            : absl::StrCat("error: ", absl::StatusCodeToString(s.code()), ": ", s.message()));
+    return resp;
+  };
+  absl::StatusOr<ToolName> name = ParseToolName(req.name());
+  if (!name.ok()) return tool_error(name.status());
+  if (!req.spec().provider().empty() && req.spec().provider() != name->provider) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.provider \"", req.spec().provider(),
+                                                   "\" does not match tool ", req.name()));
+  }
+  if (absl::Status s = providers_->Find(name->provider).status(); !s.ok()) return tool_error(s);
+  absl::StatusOr<ToolArgs> args = ParseToolArgs(name->op, req.arguments_json(), Limits());
+  if (!args.ok()) return tool_error(args.status());
+  pb::SessionSpec spec = req.spec();
+  spec.set_provider(name->provider);
+  switch (name->op) {
+    case ToolOp::kRun:
+    case ToolOp::kShell: {
+      pb::RunRequest run;
+      run.set_session_id(req.session_id());
+      run.set_code(args->code);
+      run.set_language(name->op == ToolOp::kShell ? pb::LANGUAGE_SHELL : args->language);
+      run.set_timeout_seconds(args->timeout_seconds);
+      *run.mutable_spec() = spec;
+      absl::StatusOr<pb::RunResult> r = Run(ctx, run);
+      if (!r.ok()) return tool_error(r.status());
+      resp.set_content(FormatRunResult(*r));
+      return resp;
+    }
+    case ToolOp::kWriteFile: {
+      pb::WriteFileRequest w;
+      w.set_session_id(req.session_id());
+      w.set_path(args->path);
+      w.set_contents(args->contents);
+      w.set_encoding(args->encoding);
+      *w.mutable_spec() = spec;
+      absl::StatusOr<pb::WriteFileResponse> r = WriteFile(ctx, w);
+      if (!r.ok()) return tool_error(r.status());
+      resp.set_content("ok");
+      return resp;
+    }
+    case ToolOp::kReadFile: {
+      pb::ReadFileRequest rd;
+      rd.set_session_id(req.session_id());
+      rd.set_path(args->path);
+      rd.set_encoding(args->encoding);
+      *rd.mutable_spec() = spec;
+      absl::StatusOr<pb::ReadFileResponse> r = ReadFile(ctx, rd);
+      if (!r.ok()) return tool_error(r.status());
+      resp.set_content(r->found() ? r->contents() : kFileNotFound);
+      return resp;
+    }
   }
   return resp;
 }

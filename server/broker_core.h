@@ -7,6 +7,7 @@
 #include "sandboxbroker/v1/broker.pb.h"
 #include "server/config.h"
 #include "server/session_manager.h"
+#include "server/tools.h"
 
 namespace sandbox {
 
@@ -26,7 +27,8 @@ struct CallContext {
 // Thread-safe.
 class BrokerCore {
  public:
-  BrokerCore(const BrokerConfig& config, SessionManager* sessions, Clock* clock);
+  BrokerCore(const BrokerConfig& config, const ProviderRegistry* providers,
+             SessionManager* sessions, Clock* clock);
 
   absl::StatusOr<pb::SessionInfo> StartSession(const CallContext& ctx,
                                                const pb::StartSessionRequest& req);
@@ -42,17 +44,30 @@ class BrokerCore {
                                                   const pb::WriteFileRequest& req);
   absl::StatusOr<pb::ReadFileResponse> ReadFile(const CallContext& ctx,
                                                 const pb::ReadFileRequest& req);
+  // Run, with each output chunk passed to `on_chunk` as it is produced (on
+  // the calling thread). The returned result's output is empty.
+  absl::StatusOr<pb::RunResult> RunStream(
+      const CallContext& ctx, const pb::RunRequest& req,
+      const std::function<void(OutputStream, absl::string_view)>& on_chunk);
+  absl::StatusOr<pb::KeepAliveResponse> KeepAlive(const CallContext& ctx,
+                                                  const pb::KeepAliveRequest& req);
+  absl::StatusOr<pb::ListToolsResponse> ListTools(const CallContext& ctx,
+                                                  const pb::ListToolsRequest& req);
+  absl::StatusOr<pb::CallToolResponse> CallTool(const CallContext& ctx,
+                                                const pb::CallToolRequest& req);
 
  private:
-  absl::StatusOr<pb::RunResult> Exec(const CallContext& ctx, const std::string& session_id,
-                                     const pb::SessionSpec& spec, Language language,
-                                     bool language_given, const std::string& code,
-                                     int32_t timeout_seconds,
-                                     const google::protobuf::Map<std::string, std::string>& env);
+  absl::StatusOr<pb::RunResult> Exec(
+      const CallContext& ctx, const std::string& session_id, const pb::SessionSpec& spec,
+      Language language, bool language_given, const std::string& code, int32_t timeout_seconds,
+      const google::protobuf::Map<std::string, std::string>& env,
+      std::function<void(OutputStream, absl::string_view)> on_output = nullptr);
+  ToolLimits Limits() const;
   absl::StatusOr<CreateOptions> ToCreateOptions(const pb::SessionSpec& spec) const;
   void ToInfo(const SessionView& v, pb::SessionInfo* info) const;
 
   const BrokerConfig config_;
+  const ProviderRegistry* const providers_;
   SessionManager* const sessions_;
   Clock* const clock_;
 };

@@ -29,7 +29,8 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
   s->sessions_ = std::make_unique<SessionManager>(s->providers_.get(), s->clock_, limits,
                                                   config.default_provider, instance_id);
   s->auth_ = std::make_unique<Authenticator>(config.tokens);
-  s->core_ = std::make_unique<BrokerCore>(config, s->sessions_.get(), s->clock_);
+  s->core_ =
+      std::make_unique<BrokerCore>(config, s->providers_.get(), s->sessions_.get(), s->clock_);
   s->service_ = std::make_unique<BrokerService>(s->core_.get(), s->auth_.get(), s->clock_);
 
   grpc::ServerBuilder builder;

@@ -83,6 +83,42 @@ grpc::Status BrokerService::ReadFile(grpc::ServerContext* ctx, const pb::ReadFil
   SB_HANDLE(ReadFile, req->session_id());
 }
 
+grpc::Status BrokerService::KeepAlive(grpc::ServerContext* ctx, const pb::KeepAliveRequest* req,
+                                      pb::KeepAliveResponse* resp) {
+  SB_HANDLE(KeepAlive, req->session_id());
+}
+grpc::Status BrokerService::ListTools(grpc::ServerContext* ctx, const pb::ListToolsRequest* req,
+                                      pb::ListToolsResponse* resp) {
+  static const std::string kNone;
+  SB_HANDLE(ListTools, kNone);
+}
+grpc::Status BrokerService::CallTool(grpc::ServerContext* ctx, const pb::CallToolRequest* req,
+                                     pb::CallToolResponse* resp) {
+  SB_HANDLE(CallTool, req->session_id());
+}
+
+grpc::Status BrokerService::RunStream(grpc::ServerContext* ctx, const pb::RunRequest* req,
+                                      grpc::ServerWriter<pb::RunEvent>* writer) {
+  pb::RunEvent last;
+  return Handle(ctx, "RunStream", req->session_id(), &last, [&](const CallContext& cc) {
+    auto on_chunk = [writer](OutputStream stream, absl::string_view data) {
+      pb::RunEvent ev;
+      ev.mutable_output()->set_stream(stream == OutputStream::kStdout ? pb::OUTPUT_STREAM_STDOUT
+                                                                      : pb::OUTPUT_STREAM_STDERR);
+      ev.mutable_output()->set_data(data.data(), data.size());
+      // A failed write means the client is gone; the run sees the
+      // cancellation and is killed.
+      writer->Write(ev);
+    };
+    absl::StatusOr<pb::RunResult> r = core_->RunStream(cc, *req, on_chunk);
+    if (!r.ok()) return absl::StatusOr<pb::RunEvent>(r.status());
+    pb::RunEvent ev;
+    *ev.mutable_result() = std::move(*r);
+    writer->Write(ev);
+    return absl::StatusOr<pb::RunEvent>(std::move(ev));
+  });
+}
+
 #undef SB_HANDLE
 
 }  // namespace sandbox

@@ -31,6 +31,14 @@ class BrokerService final : public pb::SandboxBroker::Service {
                          pb::WriteFileResponse* resp) override;
   grpc::Status ReadFile(grpc::ServerContext* ctx, const pb::ReadFileRequest* req,
                         pb::ReadFileResponse* resp) override;
+  grpc::Status RunStream(grpc::ServerContext* ctx, const pb::RunRequest* req,
+                         grpc::ServerWriter<pb::RunEvent>* writer) override;
+  grpc::Status KeepAlive(grpc::ServerContext* ctx, const pb::KeepAliveRequest* req,
+                         pb::KeepAliveResponse* resp) override;
+  grpc::Status ListTools(grpc::ServerContext* ctx, const pb::ListToolsRequest* req,
+                         pb::ListToolsResponse* resp) override;
+  grpc::Status CallTool(grpc::ServerContext* ctx, const pb::CallToolRequest* req,
+                        pb::CallToolResponse* resp) override;
 
  private:
   template <typename Resp, typename Fn>
