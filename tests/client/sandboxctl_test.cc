@@ -78,5 +78,23 @@ TEST_F(SandboxctlTest, SessionsInfoCloseAndErrors) {
   EXPECT_EQ(Cli("--lang cobol run x").exit_code, 64);
 }
 
+TEST_F(SandboxctlTest, StreamToolsAndKeepAlive) {
+  CliResult r = Cli("--stream run 'import sys; print(1, flush=True); print(2, file=sys.stderr)'");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.out, "1\n2\n");
+  r = Cli("--dialect openai tools");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("{\"type\":\"function\",\"function\":{\"name\":\"sandbox_local_run\""),
+            std::string::npos)
+      << r.out;
+  r = Cli("call-tool sandbox_local_shell '{\"command\": \"echo via-tool\"}'");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.out, "{\"output\":\"via-tool\\n\",\"exitCode\":0}\n");
+  r = Cli("call-tool sandbox_local_shell -", "{}");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.out, "error: missing required argument \"command\" (a string)\n");
+  EXPECT_EQ(Cli("keepalive").out.substr(0, 13), "idle_expires=");
+}
+
 }  // namespace
 }  // namespace sandbox
