@@ -113,6 +113,17 @@ absl::StatusOr<std::string> DecodeBase64Strict(absl::string_view in) {
   return out;
 }
 
+absl::Status BrokerCore::DropIfGone(const CallContext& ctx, const std::string& session_id,
+                                    Lease lease, absl::Status status) {
+  if (IsSandboxGone(status)) {
+    // The provider lost the sandbox: forget the session so the next call
+    // creates a new one. Our own lease must go first (Close waits for it).
+    lease.Release();
+    (void)sessions_->Close(ctx.tenant, session_id, CloseReason::kGone);
+  }
+  return status;
+}
+
 BrokerCore::BrokerCore(const BrokerConfig& config, const ProviderRegistry* providers,
                        SessionManager* sessions, Clock* clock)
     : config_(config), providers_(providers), sessions_(sessions), clock_(clock) {}
@@ -239,7 +250,9 @@ absl::StatusOr<pb::RunResult> BrokerCore::Exec(
   er.cancelled = ctx.cancelled;
   er.on_output = std::move(on_output);
   const absl::Time start = clock_->Monotonic();
-  ASSIGN_OR_RETURN(ExecResult r, lease.sandbox()->Exec(er));
+  absl::StatusOr<ExecResult> exec = lease.sandbox()->Exec(er);
+  if (!exec.ok()) return DropIfGone(ctx, session_id, std::move(lease), exec.status());
+  ExecResult& r = *exec;
   pb::RunResult out;
   out.set_output(RepairUtf8(r.output));
   out.set_exit_code(r.exit_code);
@@ -269,7 +282,9 @@ absl::StatusOr<pb::WriteFileResponse> BrokerCore::WriteFile(const CallContext& c
   ASSIGN_OR_RETURN(std::string data, Decode(req.contents(), req.encoding(), "contents"));
   ASSIGN_OR_RETURN(CreateOptions o, ToCreateOptions(req.spec()));
   ASSIGN_OR_RETURN(Lease lease, sessions_->Acquire(ctx.tenant, req.session_id(), &o));
-  RETURN_IF_ERROR(lease.sandbox()->WriteFile(req.path(), data));
+  if (absl::Status s = lease.sandbox()->WriteFile(req.path(), data); !s.ok()) {
+    return DropIfGone(ctx, req.session_id(), std::move(lease), s);
+  }
   pb::WriteFileResponse resp;
   resp.set_bytes_written(static_cast<int64_t>(data.size()));
   return resp;
@@ -285,7 +300,9 @@ absl::StatusOr<pb::ReadFileResponse> BrokerCore::ReadFile(const CallContext& ctx
   }
   ASSIGN_OR_RETURN(CreateOptions o, ToCreateOptions(req.spec()));
   ASSIGN_OR_RETURN(Lease lease, sessions_->Acquire(ctx.tenant, req.session_id(), &o));
-  ASSIGN_OR_RETURN(std::optional<std::string> data, lease.sandbox()->ReadFile(req.path()));
+  absl::StatusOr<std::optional<std::string>> read = lease.sandbox()->ReadFile(req.path());
+  if (!read.ok()) return DropIfGone(ctx, req.session_id(), std::move(lease), read.status());
+  std::optional<std::string>& data = *read;
   pb::ReadFileResponse resp;
   if (data.has_value()) {
     resp.set_found(true);

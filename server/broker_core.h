@@ -63,6 +63,10 @@ class BrokerCore {
       const google::protobuf::Map<std::string, std::string>& env,
       std::function<void(OutputStream, absl::string_view)> on_output = nullptr);
   ToolLimits Limits() const;
+  // Returns `status`; when it says the provider lost the sandbox, closes the
+  // session first.
+  absl::Status DropIfGone(const CallContext& ctx, const std::string& session_id, Lease lease,
+                          absl::Status status);
   absl::StatusOr<CreateOptions> ToCreateOptions(const pb::SessionSpec& spec) const;
   void ToInfo(const SessionView& v, pb::SessionInfo* info) const;
 

@@ -1,6 +1,7 @@
 #include "server/provider_setup.h"
 
 #include "absl/strings/str_cat.h"
+#include "adapters/e2b/e2b_provider.h"
 #include "adapters/local/local_provider.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -9,14 +10,20 @@ namespace sandbox {
 namespace {
 
 absl::StatusOr<std::unique_ptr<Provider>> MakeProvider(const std::string& name,
-                                                       const nlohmann::json& cfg) {
+                                                       const nlohmann::json& cfg,
+                                                       const BrokerConfig& config) {
   if (name == "local") {
     ASSIGN_OR_RETURN(LocalConfig c, ParseLocalConfig(cfg));
     ASSIGN_OR_RETURN(std::unique_ptr<LocalProvider> p, LocalProvider::Create(std::move(c)));
     return std::unique_ptr<Provider>(std::move(p));
   }
+  if (name == "e2b") {
+    ASSIGN_OR_RETURN(E2BConfig c, ParseE2BConfig(cfg, config.idle_timeout_seconds));
+    ASSIGN_OR_RETURN(std::unique_ptr<E2BProvider> p, E2BProvider::Create(std::move(c)));
+    return std::unique_ptr<Provider>(std::move(p));
+  }
   return absl::InvalidArgumentError(
-      absl::StrCat("providers.", name, ": unknown provider (known: local)"));
+      absl::StrCat("providers.", name, ": unknown provider (known: local, e2b)"));
 }
 
 }  // namespace
@@ -29,7 +36,7 @@ absl::StatusOr<std::unique_ptr<ProviderRegistry>> BuildProviders(const BrokerCon
   }
   for (auto it = wanted.begin(); it != wanted.end(); ++it) {
     const std::string& name = it.key();
-    absl::StatusOr<std::unique_ptr<Provider>> p = MakeProvider(name, it.value());
+    absl::StatusOr<std::unique_ptr<Provider>> p = MakeProvider(name, it.value(), config);
     if (p.ok()) {
       registry->Add(std::move(*p));
       Log(LogLevel::kInfo, "provider.ready", {{"provider", name}});

@@ -15,6 +15,8 @@ absl::string_view CloseReasonName(CloseReason r) {
       return "lifetime";
     case CloseReason::kShutdown:
       return "shutdown";
+    case CloseReason::kGone:
+      return "gone";
   }
   return "client";
 }

@@ -58,7 +58,7 @@ struct SessionView {
 };
 
 // Why a session ended, for logs and metrics.
-enum class CloseReason { kClient, kIdle, kLifetime, kShutdown };
+enum class CloseReason { kClient, kIdle, kLifetime, kShutdown, kGone };
 absl::string_view CloseReasonName(CloseReason r);
 
 class SessionManager;

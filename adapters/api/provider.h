@@ -9,15 +9,31 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace sandbox {
 
 enum class Language { kPython, kNode, kShell };
+
+// A provider sandbox that no longer exists (expired, killed behind our back)
+// is reported with this payload on its status, so the broker can drop the
+// session and let the next call create a new sandbox. Branch on the payload,
+// never on message text.
+inline constexpr char kSandboxGonePayload[] = "type.sandbox-broker.dev/sandbox-gone";
+inline absl::Status SandboxGoneError(absl::string_view message) {
+  absl::Status s = absl::UnavailableError(message);
+  s.SetPayload(kSandboxGonePayload, absl::Cord("1"));
+  return s;
+}
+inline bool IsSandboxGone(const absl::Status& s) {
+  return s.GetPayload(kSandboxGonePayload).has_value();
+}
 
 // "python", "node" or "shell".
 absl::string_view LanguageName(Language language);
@@ -49,6 +65,12 @@ struct ExecRequest {
   std::function<void(OutputStream, absl::string_view)> on_output;
   // Optional: polled while the process runs; true kills it (the whole tree).
   std::function<bool()> cancelled;
+  // Optional: run exactly this command (argv[0] looked up on PATH) instead of
+  // `code` in `language`. For providers that expose a process API.
+  std::vector<std::string> argv;
+  // Optional: working directory inside the sandbox (default: its home).
+  // INVALID_ARGUMENT if it does not exist.
+  std::string cwd;
 };
 
 struct ExecResult {

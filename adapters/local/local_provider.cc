@@ -7,9 +7,12 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <set>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -90,15 +93,19 @@ absl::Status MakeDirs(const std::string& path, mode_t mode) {
 class LocalSandbox final : public Sandbox {
  public:
   LocalSandbox(const LocalProvider* provider, std::shared_ptr<LocalProvider::UidPool> uids,
-               std::string id, std::string workspace, int uid, const SandboxSpec& spec)
+               std::string id, std::string workspace, std::string tmp_dir, int uid,
+               const SandboxSpec& spec)
       : provider_(provider),
         uids_(std::move(uids)),
         id_(std::move(id)),
         workspace_(std::move(workspace)),
+        tmp_dir_(std::move(tmp_dir)),
         uid_(uid),
         env_(spec.env),
         fs_(workspace_, provider->config().mount_point, uid, uid,
-            static_cast<size_t>(provider->config().max_transfer_bytes)) {}
+            static_cast<size_t>(provider->config().max_transfer_bytes)),
+        tmp_fs_(tmp_dir_, "/tmp", uid, uid,
+                static_cast<size_t>(provider->config().max_transfer_bytes)) {}
 
   ~LocalSandbox() override { (void)Destroy(); }
 
@@ -108,26 +115,31 @@ class LocalSandbox final : public Sandbox {
     const LocalConfig& cfg = provider_->config();
     ProcessSpec p;
     std::vector<std::string> cmd;
-    switch (request.language) {
-      case Language::kPython:
-        cmd = {"python3", "-"};
-        p.stdin_data = request.code;
-        break;
-      case Language::kNode:
-        cmd = {"node", "-"};
-        p.stdin_data = request.code;
-        break;
-      case Language::kShell:
-        cmd = {"bash", "/dev/fd/3"};
-        p.fd3_data = request.code;
-        break;
-    }
-    // An empty program still needs its (empty) input rather than /dev/null
-    // semantics to differ; both read as empty, so nothing to do.
-    p.argv = provider_->WrapCommand(workspace_, cmd);
+    if (!request.argv.empty()) {
+      cmd = request.argv;
+      p.stdin_data = request.code;
+    } else
+      switch (request.language) {
+        case Language::kPython:
+          cmd = {"python3", "-"};
+          p.stdin_data = request.code;
+          break;
+        case Language::kNode:
+          cmd = {"node", "-"};
+          p.stdin_data = request.code;
+          break;
+        case Language::kShell:
+          cmd = {"bash", "/dev/fd/3"};
+          p.fd3_data = request.code;
+          break;
+      }
+    std::string cwd = request.cwd;
+    if (!cwd.empty()) RETURN_IF_ERROR(CheckCwd(cwd));
+    p.argv = provider_->WrapCommand(workspace_, cmd, tmp_dir_, cwd);
     const std::string home = cfg.isolation == "none" ? workspace_ : cfg.mount_point;
     std::map<std::string, std::string> env = {
         {"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", home}, {"LANG", "C.UTF-8"}};
+    if (!cfg.user_name.empty()) env["USER"] = cfg.user_name;
     for (const auto& [k, v] : env_) env[k] = v;
     for (const auto& [k, v] : request.env) env[k] = v;
     for (const auto& [k, v] : env) p.env.push_back(absl::StrCat(k, "=", v));
@@ -137,6 +149,9 @@ class LocalSandbox final : public Sandbox {
                   : cmd[0] == "node"  ? "/usr/bin/node"
                                       : "/bin/bash";
       p.cwd = workspace_;
+      if (!request.argv.empty()) {
+        return absl::FailedPreconditionError("local: argv runs need isolation \"bwrap\"");
+      }
     }
     p.uid = uid_;
     p.gid = uid_;
@@ -178,12 +193,12 @@ class LocalSandbox final : public Sandbox {
 
   absl::Status WriteFile(absl::string_view path, absl::string_view data) override {
     RETURN_IF_ERROR(CheckOpen());
-    return fs_.Write(path, data);
+    return FsFor(path).Write(path, data);
   }
 
   absl::StatusOr<std::optional<std::string>> ReadFile(absl::string_view path) override {
     RETURN_IF_ERROR(CheckOpen());
-    return fs_.Read(path);
+    return FsFor(path).Read(path);
   }
 
   absl::Status Destroy() override {
@@ -199,12 +214,44 @@ class LocalSandbox final : public Sandbox {
       mu_.Await(absl::Condition(&idle));
     }
     absl::Status s = RemoveTree(workspace_);
+    if (!tmp_dir_.empty()) {
+      absl::Status t = RemoveTree(tmp_dir_);
+      if (s.ok()) s = t;
+    }
     if (uid_ >= 0 && uids_) uids_->Release(uid_);
     Log(LogLevel::kDebug, "local.sandbox_destroyed", {{"sandbox_id", id_}});
     return s;
   }
 
  private:
+  // /tmp paths go to the persistent /tmp when the sandbox has one.
+  const WorkspaceFs& FsFor(absl::string_view path) const {
+    if (!tmp_dir_.empty() && (path == "/tmp" || absl::StartsWith(path, "/tmp/"))) return tmp_fs_;
+    return fs_;
+  }
+
+  // A working directory must exist in the sandbox's view.
+  absl::Status CheckCwd(const std::string& cwd) {
+    auto missing = [&] {
+      return absl::InvalidArgumentError(absl::StrCat("cwd '", cwd, "' does not exist"));
+    };
+    if (cwd.empty() || cwd.front() != '/' || cwd.find("/..") != std::string::npos) return missing();
+    const std::string& mp = provider_->config().mount_point;
+    std::string host;
+    if (cwd == mp || absl::StartsWith(cwd, mp + "/")) {
+      host = workspace_ + cwd.substr(mp.size());
+    } else if (!tmp_dir_.empty() && (cwd == "/tmp" || absl::StartsWith(cwd, "/tmp/"))) {
+      host = tmp_dir_ + cwd.substr(4);
+    } else if (cwd == "/" || absl::StartsWith(cwd, "/usr/") || cwd == "/usr") {
+      host = cwd;
+    } else {
+      return missing();
+    }
+    struct stat st;
+    if (lstat(host.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return missing();
+    return absl::OkStatus();
+  }
+
   absl::Status CheckOpen() {
     absl::MutexLock l(&mu_);
     if (destroyed_) return absl::FailedPreconditionError("local: sandbox is closed");
@@ -215,9 +262,11 @@ class LocalSandbox final : public Sandbox {
   const std::shared_ptr<LocalProvider::UidPool> uids_;
   const std::string id_;
   const std::string workspace_;
+  const std::string tmp_dir_;  // persistent /tmp on the host, or empty
   const int uid_;
   const std::map<std::string, std::string> env_;
   const WorkspaceFs fs_;
+  const WorkspaceFs tmp_fs_;
 
   absl::Mutex mu_;
   bool destroyed_ ABSL_GUARDED_BY(mu_) = false;
@@ -244,11 +293,19 @@ absl::StatusOr<LocalConfig> ParseLocalConfig(const nlohmann::json& json) {
   c.open_files = r.Int("open_files", c.open_files, 16);
   c.max_transfer_bytes = r.Int("max_transfer_bytes", c.max_transfer_bytes, 1);
   c.extra_ro_paths = r.StringList("extra_ro_paths");
+  c.user_name = r.String("user_name", c.user_name);
+  c.persistent_tmp = r.Bool("persistent_tmp", c.persistent_tmp);
   RETURN_IF_ERROR(r.Finish());
   if (c.mount_point.front() != '/' || c.mount_point == "/" ||
       c.mount_point.find("..") != std::string::npos) {
     return absl::InvalidArgumentError(
         "providers.local.mount_point: must be an absolute path below /");
+  }
+  for (char ch : c.user_name) {
+    if (!(absl::ascii_islower(ch) || absl::ascii_isdigit(ch) || ch == '_' || ch == '-')) {
+      return absl::InvalidArgumentError(
+          "providers.local.user_name: must be a lower-case user name ([a-z0-9_-])");
+    }
   }
   for (const auto& p : c.extra_ro_paths) {
     if (p.empty() || p.front() != '/') {
@@ -284,7 +341,9 @@ LocalProvider::LocalProvider(LocalConfig config, std::shared_ptr<UidPool> uids)
 }
 
 std::vector<std::string> LocalProvider::WrapCommand(const std::string& workspace,
-                                                    const std::vector<std::string>& command) const {
+                                                    const std::vector<std::string>& command,
+                                                    const std::string& tmp_dir,
+                                                    const std::string& cwd) const {
   if (config_.isolation == "none") return command;
   std::vector<std::string> a = {config_.bwrap_path,
                                 "--unshare-user",
@@ -298,8 +357,19 @@ std::vector<std::string> LocalProvider::WrapCommand(const std::string& workspace
                                 "--hostname",
                                 "sandbox"};
   a.insert(a.end(), system_args_.begin(), system_args_.end());
-  a.insert(a.end(), {"--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", workspace,
-                     config_.mount_point, "--chdir", config_.mount_point, "--"});
+  if (!config_.user_name.empty()) {
+    const std::string etc = absl::StrCat(config_.workspace_root, "/.etc");
+    a.insert(a.end(), {"--uid", "1000", "--gid", "1000", "--ro-bind", etc + "/passwd",
+                       "/etc/passwd", "--ro-bind", etc + "/group", "/etc/group"});
+  }
+  a.insert(a.end(), {"--proc", "/proc", "--dev", "/dev"});
+  if (tmp_dir.empty()) {
+    a.insert(a.end(), {"--tmpfs", "/tmp"});
+  } else {
+    a.insert(a.end(), {"--bind", tmp_dir, "/tmp"});
+  }
+  a.insert(a.end(), {"--bind", workspace, config_.mount_point, "--chdir",
+                     cwd.empty() ? config_.mount_point : cwd, "--"});
   a.insert(a.end(), command.begin(), command.end());
   return a;
 }
@@ -357,6 +427,18 @@ absl::StatusOr<std::unique_ptr<LocalProvider>> LocalProvider::Create(LocalConfig
   if (geteuid() == 0 && config.isolation == "bwrap") {
     uids = std::make_shared<UidPool>(config.uid_base, config.uid_count);
   }
+  if (!config.user_name.empty()) {
+    const std::string etc = absl::StrCat(config.workspace_root, "/.etc");
+    RETURN_IF_ERROR(MakeDirs(etc, 0755));
+    const std::string& u = config.user_name;
+    std::ofstream(etc + "/passwd") << "root:x:0:0:root:/root:/bin/bash\n"
+                                   << u << ":x:1000:1000:" << u << ":" << config.mount_point
+                                   << ":/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:"
+                                      "/usr/sbin/nologin\n";
+    std::ofstream(etc + "/group") << "root:x:0:\n" << u << ":x:1000:\nnogroup:x:65534:\n";
+    chmod((etc + "/passwd").c_str(), 0644);
+    chmod((etc + "/group").c_str(), 0644);
+  }
   std::unique_ptr<LocalProvider> p(new LocalProvider(std::move(config), std::move(uids)));
   RETURN_IF_ERROR(p->Probe());
   return p;
@@ -381,8 +463,20 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Create(const SandboxSpec
     if (uid >= 0) uids_->Release(uid);
     return absl::InternalError(absl::StrCat("local: create workspace: ", strerror(err)));
   }
+  std::string tmp;
+  if (config_.persistent_tmp) {
+    tmp = absl::StrCat(ws, ".tmp");
+    if (mkdir(tmp.c_str(), 01777) != 0 || chmod(tmp.c_str(), 01777) != 0 ||
+        (uid >= 0 && chown(tmp.c_str(), static_cast<uid_t>(uid), static_cast<gid_t>(uid)) != 0)) {
+      int err = errno;
+      (void)RemoveTree(ws);
+      (void)RemoveTree(tmp);
+      if (uid >= 0) uids_->Release(uid);
+      return absl::InternalError(absl::StrCat("local: create tmp: ", strerror(err)));
+    }
+  }
   return std::unique_ptr<Sandbox>(
-      new LocalSandbox(this, uids_, std::move(id), std::move(ws), uid, spec));
+      new LocalSandbox(this, uids_, std::move(id), std::move(ws), std::move(tmp), uid, spec));
 }
 
 }  // namespace sandbox

@@ -38,6 +38,13 @@ struct LocalConfig {
   int64_t max_transfer_bytes = int64_t{16} << 20;
   // Extra host paths made visible read-only at the same place.
   std::vector<std::string> extra_ro_paths;
+  // If set, code runs as this user (uid/gid 1000 inside the sandbox, with
+  // matching /etc/passwd and /etc/group entries, home = mount_point), as in
+  // cloud sandbox images (E2B's "user", Daytona's "daytona").
+  std::string user_name;
+  // Keep /tmp for the sandbox's whole life (shared by its runs, reachable by
+  // WriteFile/ReadFile) instead of a fresh /tmp per run.
+  bool persistent_tmp = false;
 };
 
 // Reads providers.local; INVALID_ARGUMENT naming the key on bad values.
@@ -59,7 +66,9 @@ class LocalProvider final : public Provider {
   // Arguments that wrap `command` in the sandbox (bwrap options included);
   // exposed for benchmarks that run the same invocation without the broker.
   std::vector<std::string> WrapCommand(const std::string& workspace,
-                                       const std::vector<std::string>& command) const;
+                                       const std::vector<std::string>& command,
+                                       const std::string& tmp_dir = "",
+                                       const std::string& cwd = "") const;
   const LocalConfig& config() const { return config_; }
 
   class UidPool;

@@ -10,35 +10,12 @@
 #include "absl/strings/escaping.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/broker_fixture.h"
+#include "tests/testing/processes.h"
 
 namespace sandbox {
 namespace {
 
 using nlohmann::json;
-
-bool ProcessWithMarkerExists(const std::string& marker) {
-  DIR* d = opendir("/proc");
-  bool found = false;
-  while (struct dirent* e = readdir(d)) {
-    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-    std::ifstream in(absl::StrCat("/proc/", e->d_name, "/cmdline"));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    if (ss.str().find(marker) != std::string::npos) found = true;
-  }
-  closedir(d);
-  return found;
-}
-
-// Polls until no host process carries `marker` (the kill is asynchronous to
-// the call's return); false if one still does after `limit`.
-bool GoneWithin(const std::string& marker, absl::Duration limit) {
-  for (absl::Duration waited; waited < limit; waited += absl::Milliseconds(20)) {
-    if (!ProcessWithMarkerExists(marker)) return true;
-    usleep(20000);
-  }
-  return !ProcessWithMarkerExists(marker);
-}
 
 class AgentApiTest : public BrokerFixture {
  protected:

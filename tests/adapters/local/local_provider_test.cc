@@ -13,25 +13,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "tests/testing/processes.h"
 #include "tests/testing/temp_dir.h"
 
 namespace sandbox {
 namespace {
-
-// True while any host process has `marker` in its command line.
-bool ProcessWithMarkerExists(const std::string& marker) {
-  DIR* d = opendir("/proc");
-  bool found = false;
-  while (struct dirent* e = readdir(d)) {
-    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-    std::ifstream in(absl::StrCat("/proc/", e->d_name, "/cmdline"));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    if (ss.str().find(marker) != std::string::npos) found = true;
-  }
-  closedir(d);
-  return found;
-}
 
 class LocalProviderTest : public ::testing::Test {
  protected:
@@ -141,8 +127,7 @@ TEST_F(LocalProviderTest, TimeoutKillsTheWholeTreeIncludingADetachedGrandchild) 
   EXPECT_EQ(r.exit_code, 124);
   EXPECT_EQ(r.output, "before\n");
   // The namespace dies with its init; allow the kernel a moment to reap.
-  for (int i = 0; i < 500 && ProcessWithMarkerExists(marker); ++i) usleep(10000);
-  EXPECT_FALSE(ProcessWithMarkerExists(marker));
+  EXPECT_TRUE(GoneWithin(marker, absl::Seconds(5)));
 }
 
 TEST_F(LocalProviderTest, ResourceLimitsHold) {

@@ -1,0 +1,419 @@
+#include "adapters/e2b/e2b_provider.h"
+
+#include <cstdlib>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "adapters/api/output.h"
+#include "adapters/e2b/e2b_wire.h"
+#include "common/clock.h"
+#include "common/config_reader.h"
+#include "common/status_macros.h"
+#include "common/text.h"
+
+namespace sandbox {
+namespace {
+
+constexpr char kUserAgent[] = "sandbox-broker/0.1 (e2b)";
+
+// Single-quotes `s` for bash.
+std::string ShellQuote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out.push_back(c);
+    }
+  }
+  out += "'";
+  return out;
+}
+
+class E2BSandbox final : public Sandbox {
+ public:
+  E2BSandbox(E2BProvider* provider, e2b::SandboxInfo info, const SandboxSpec& spec,
+             int64_t ttl_seconds)
+      : provider_(provider),
+        info_(std::move(info)),
+        envd_(provider->EnvdUrl(info_.sandbox_id, info_.domain)),
+        env_(spec.env),
+        ttl_(absl::Seconds(ttl_seconds)),
+        ttl_deadline_(Clock::Real()->Monotonic() + ttl_) {}
+
+  ~E2BSandbox() override { (void)Destroy(); }
+
+  const std::string& id() const override { return info_.sandbox_id; }
+
+  absl::StatusOr<ExecResult> Exec(const ExecRequest& request) override {
+    RETURN_IF_ERROR(CheckOpen());
+    // The run must not outlive the sandbox's own E2B timeout.
+    RETURN_IF_ERROR(EnsureTtl(request.timeout + ttl_));
+    std::string command;
+    if (!request.argv.empty()) {
+      std::vector<std::string> q;
+      for (const auto& a : request.argv) q.push_back(ShellQuote(a));
+      command = absl::StrJoin(q, " ");
+    } else {
+      // The program goes in a file, never into the shell line, so any bytes
+      // run exactly. The file is unlinked before the interpreter starts.
+      const std::string ext = request.language == Language::kPython ? "py"
+                              : request.language == Language::kNode ? "js"
+                                                                    : "sh";
+      const std::string file = absl::StrCat("/tmp/.sandbox-broker-", RandomHex(8), ".", ext);
+      RETURN_IF_ERROR(Upload(file, request.code, "run"));
+      switch (request.language) {
+        case Language::kPython:
+          command = absl::StrCat("exec 0<", file, "; rm -f ", file, "; exec python3 -");
+          break;
+        case Language::kNode:
+          command = absl::StrCat("exec 0<", file, "; rm -f ", file, "; exec node -");
+          break;
+        case Language::kShell:
+          command =
+              absl::StrCat("exec 3<", file, " 0</dev/null; rm -f ", file, "; exec bash /dev/fd/3");
+          break;
+      }
+    }
+    std::map<std::string, std::string> envs = env_;
+    for (const auto& [k, v] : request.env) envs[k] = v;
+    const std::string body = e2b::EncodeEnvelope(
+        0, e2b::StartRequestJson("/bin/bash", {"-l", "-c", command}, envs, request.cwd));
+
+    Clock* clock = Clock::Real();
+    const absl::Time deadline = clock->Monotonic() + request.timeout;
+    OutputCollector collector(request.max_output_bytes, request.on_output);
+    e2b::EnvelopeReader reader;
+    absl::Status stream_status;
+    std::optional<e2b::ProcessEvent> end;
+    uint32_t pid = 0;
+    bool saw_end_stream = false, timed_out = false, cancelled = false;
+
+    HttpRequest http;
+    http.method = "POST";
+    http.url = absl::StrCat(envd_, "/process.Process/Start");
+    http.headers = EnvdHeaders();
+    http.headers.push_back({"Content-Type", "application/connect+json"});
+    http.headers.push_back({"Connect-Protocol-Version", "1"});
+    http.headers.push_back(
+        {"Connect-Timeout-Ms", absl::StrCat(absl::ToInt64Milliseconds(request.timeout))});
+    http.headers.push_back({"Keepalive-Ping-Interval", "50"});
+    http.body = body;
+    http.timeout = request.timeout + absl::Seconds(provider_->config().request_timeout_seconds);
+    int status_seen = 0;
+    std::string error_body;
+    http.on_body = [&](absl::string_view chunk) {
+      if (status_seen == 0) status_seen = 200;
+      reader.Feed(chunk);
+      while (true) {
+        auto env = reader.Next();
+        if (!env.ok()) {
+          stream_status = env.status();
+          return false;
+        }
+        if (!env->has_value()) return true;
+        const e2b::Envelope& e = **env;
+        if (e.flags & e2b::kFlagEndStream) {
+          saw_end_stream = true;
+          stream_status = e2b::ParseEndStream(e.payload);
+          continue;
+        }
+        auto ev = e2b::ParseProcessEvent(e.payload);
+        if (!ev.ok()) {
+          stream_status = ev.status();
+          return false;
+        }
+        switch (ev->kind) {
+          case e2b::ProcessEvent::kStart:
+            pid = ev->pid;
+            break;
+          case e2b::ProcessEvent::kStdout:
+          case e2b::ProcessEvent::kPty:
+            collector.Append(OutputStream::kStdout, ev->data);
+            break;
+          case e2b::ProcessEvent::kStderr:
+            collector.Append(OutputStream::kStderr, ev->data);
+            break;
+          case e2b::ProcessEvent::kEnd:
+            end = *ev;
+            break;
+          default:
+            break;
+        }
+      }
+    };
+    http.cancelled = [&] {
+      if (request.cancelled && request.cancelled()) {
+        cancelled = true;
+        return true;
+      }
+      if (clock->Monotonic() >= deadline) {
+        timed_out = true;
+        return true;
+      }
+      return false;
+    };
+    absl::StatusOr<HttpResponse> resp = provider_->http()->Send(http);
+    if (resp.ok() && resp->status != 200) {
+      if (e2b::IsSandboxGone(resp->status, resp->body)) {
+        return SandboxGoneError(absl::StrCat("e2b: sandbox ", id(),
+                                             " no longer exists (expired or killed); the next "
+                                             "call creates a new one"));
+      }
+      return e2b::HttpError("run", resp->status, resp->body);
+    }
+    if (!resp.ok() && resp.status().code() != absl::StatusCode::kCancelled) {
+      return absl::UnavailableError(absl::StrCat("e2b: run: ", resp.status().message()));
+    }
+    if (timed_out || cancelled) {
+      // envd kills at Connect-Timeout-Ms too; a cancel needs the signal.
+      if (pid != 0) Kill(pid);
+    } else if (!stream_status.ok()) {
+      if (stream_status.code() == absl::StatusCode::kDeadlineExceeded) {
+        timed_out = true;
+      } else {
+        return absl::Status(stream_status.code(),
+                            absl::StrCat("e2b: run: ", stream_status.message()));
+      }
+    } else if (!end.has_value() || !saw_end_stream) {
+      return absl::UnavailableError("e2b: run: the process stream ended without a result");
+    }
+    ExecResult r;
+    r.truncated = collector.truncated();
+    r.output = collector.Take();
+    r.timed_out = timed_out;
+    r.cancelled = cancelled;
+    if (timed_out) {
+      r.exit_code = 124;
+    } else if (end.has_value()) {
+      r.exit_code =
+          (end->exit_code < 0 || (!end->exited && !end->status.empty())) ? 128 + 9 : end->exit_code;
+    }
+    return r;
+  }
+
+  absl::Status WriteFile(absl::string_view path, absl::string_view data) override {
+    RETURN_IF_ERROR(CheckOpen());
+    RETURN_IF_ERROR(CheckPath(path));
+    RETURN_IF_ERROR(EnsureTtl(ttl_ / 2));
+    return Upload(std::string(path), std::string(data), "write file");
+  }
+
+  absl::StatusOr<std::optional<std::string>> ReadFile(absl::string_view path) override {
+    RETURN_IF_ERROR(CheckOpen());
+    RETURN_IF_ERROR(CheckPath(path));
+    RETURN_IF_ERROR(EnsureTtl(ttl_ / 2));
+    HttpRequest http;
+    http.url = absl::StrCat(envd_, "/files?path=", HttpClient::UrlEncode(path));
+    http.headers = EnvdHeaders();
+    http.timeout = absl::Seconds(provider_->config().request_timeout_seconds);
+    auto resp = provider_->http()->Send(http);
+    if (!resp.ok())
+      return absl::UnavailableError(absl::StrCat("e2b: read file: ", resp.status().message()));
+    if (resp->status == 200) return std::optional<std::string>(std::move(resp->body));
+    if (resp->status == 404) return std::optional<std::string>();
+    if (e2b::IsSandboxGone(resp->status, resp->body)) {
+      return SandboxGoneError(absl::StrCat("e2b: sandbox ", id(), " no longer exists"));
+    }
+    return e2b::HttpError("read file", resp->status, resp->body);
+  }
+
+  absl::Status KeepAlive() override {
+    RETURN_IF_ERROR(CheckOpen());
+    return EnsureTtl(ttl_);
+  }
+
+  absl::Status Destroy() override {
+    {
+      absl::MutexLock l(&mu_);
+      if (destroyed_) return absl::OkStatus();
+      destroyed_ = true;
+    }
+    auto resp = provider_->ControlRequest("DELETE", absl::StrCat("/sandboxes/", id()), "");
+    if (!resp.ok()) return resp.status();
+    if (resp->status / 100 == 2 || resp->status == 404) return absl::OkStatus();  // 404: gone
+    return e2b::HttpError("kill sandbox", resp->status, resp->body);
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> EnvdHeaders() const {
+    return {{"E2b-Sandbox-Id", info_.sandbox_id},
+            {"E2b-Sandbox-Port", absl::StrCat(e2b::kEnvdPort)},
+            {"X-Access-Token", info_.envd_access_token}};
+  }
+
+  absl::Status CheckOpen() {
+    absl::MutexLock l(&mu_);
+    if (destroyed_) return absl::FailedPreconditionError("e2b: sandbox is closed");
+    return absl::OkStatus();
+  }
+
+  static absl::Status CheckPath(absl::string_view path) {
+    if (path.empty()) return absl::InvalidArgumentError("path is empty");
+    if (path.find('\0') != absl::string_view::npos) {
+      return absl::InvalidArgumentError("path contains a NUL byte");
+    }
+    return absl::OkStatus();
+  }
+
+  // Makes E2B's timeout for this sandbox at least `needed` from now.
+  absl::Status EnsureTtl(absl::Duration needed) {
+    const absl::Time now = Clock::Real()->Monotonic();
+    {
+      absl::MutexLock l(&mu_);
+      if (ttl_deadline_ - now >= needed) return absl::OkStatus();
+    }
+    const int64_t seconds = absl::ToInt64Seconds(needed + absl::Seconds(59));
+    auto resp = provider_->ControlRequest("POST", absl::StrCat("/sandboxes/", id(), "/timeout"),
+                                          absl::StrCat("{\"timeout\":", seconds, "}"));
+    if (!resp.ok()) return resp.status();
+    if (resp->status == 404) {
+      return SandboxGoneError(absl::StrCat("e2b: sandbox ", id(), " no longer exists"));
+    }
+    if (resp->status / 100 != 2) return e2b::HttpError("set timeout", resp->status, resp->body);
+    absl::MutexLock l(&mu_);
+    ttl_deadline_ = now + absl::Seconds(seconds);
+    return absl::OkStatus();
+  }
+
+  absl::Status Upload(const std::string& path, const std::string& data, absl::string_view op) {
+    MultipartBody m = BuildMultipart({{path, data}}, "file");
+    HttpRequest http;
+    http.method = "POST";
+    http.url = absl::StrCat(envd_, "/files?path=", HttpClient::UrlEncode(path));
+    http.headers = EnvdHeaders();
+    http.headers.push_back({"Content-Type", m.content_type});
+    http.body = std::move(m.body);
+    http.timeout = absl::Seconds(provider_->config().request_timeout_seconds);
+    auto resp = provider_->http()->Send(http);
+    if (!resp.ok())
+      return absl::UnavailableError(absl::StrCat("e2b: ", op, ": ", resp.status().message()));
+    if (resp->status == 200) return absl::OkStatus();
+    if (e2b::IsSandboxGone(resp->status, resp->body)) {
+      return SandboxGoneError(absl::StrCat("e2b: sandbox ", id(), " no longer exists"));
+    }
+    return e2b::HttpError(op, resp->status, resp->body);
+  }
+
+  // Best effort: SIGKILL the process (timeouts are also enforced by envd).
+  void Kill(uint32_t pid) {
+    HttpRequest http;
+    http.method = "POST";
+    http.url = absl::StrCat(envd_, "/process.Process/SendSignal");
+    http.headers = EnvdHeaders();
+    http.headers.push_back({"Content-Type", "application/json"});
+    http.headers.push_back({"Connect-Protocol-Version", "1"});
+    http.body = absl::StrCat("{\"process\":{\"pid\":", pid, "},\"signal\":\"SIGNAL_SIGKILL\"}");
+    http.timeout = absl::Seconds(10);
+    (void)provider_->http()->Send(http);
+  }
+
+  E2BProvider* const provider_;
+  const e2b::SandboxInfo info_;
+  const std::string envd_;
+  const std::map<std::string, std::string> env_;
+  const absl::Duration ttl_;
+
+  absl::Mutex mu_;
+  bool destroyed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time ttl_deadline_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<E2BConfig> ParseE2BConfig(const nlohmann::json& json,
+                                         int64_t broker_idle_timeout_seconds) {
+  E2BConfig c;
+  ConfigReader r(json, "providers.e2b");
+  const char* env_key = getenv("E2B_API_KEY");
+  c.api_key = r.String("api_key", env_key ? env_key : "");
+  c.template_id = r.String("template", c.template_id, false);
+  c.domain = r.String("domain", c.domain, false);
+  c.api_url = r.String("api_url", "");
+  c.sandbox_url = r.String("sandbox_url", "");
+  c.request_timeout_seconds = r.Int("request_timeout_seconds", 60, 1, 3600);
+  c.sandbox_timeout_seconds =
+      r.Int("sandbox_timeout_seconds", broker_idle_timeout_seconds + 60, 10, 86400);
+  c.retries = static_cast<int>(r.Int("retries", 3, 0, 10));
+  RETURN_IF_ERROR(r.Finish());
+  if (c.api_url.empty()) c.api_url = absl::StrCat("https://api.", c.domain);
+  while (!c.api_url.empty() && c.api_url.back() == '/') c.api_url.pop_back();
+  while (!c.sandbox_url.empty() && c.sandbox_url.back() == '/') c.sandbox_url.pop_back();
+  if (c.api_key.empty()) {
+    return absl::FailedPreconditionError(
+        "e2b: missing API key (set providers.e2b.api_key or E2B_API_KEY)");
+  }
+  return c;
+}
+
+E2BProvider::E2BProvider(E2BConfig config)
+    : config_(std::move(config)), http_(std::make_shared<HttpClient>(kUserAgent)) {}
+
+absl::StatusOr<std::unique_ptr<E2BProvider>> E2BProvider::Create(E2BConfig config) {
+  if (config.api_key.empty()) return absl::FailedPreconditionError("e2b: missing API key");
+  return std::unique_ptr<E2BProvider>(new E2BProvider(std::move(config)));
+}
+
+std::string E2BProvider::EnvdUrl(const std::string& sandbox_id, const std::string& domain) const {
+  if (!config_.sandbox_url.empty()) return config_.sandbox_url;
+  const std::string d = domain.empty() ? config_.domain : domain;
+  if (d == "e2b.app" || d == "e2b.dev" || d == "e2b.pro" || d == "e2b-staging.dev") {
+    return absl::StrCat("https://sandbox.", d);
+  }
+  return absl::StrCat("https://", e2b::kEnvdPort, "-", sandbox_id, ".", d);
+}
+
+absl::StatusOr<HttpResponse> E2BProvider::ControlRequest(const std::string& method,
+                                                         const std::string& path,
+                                                         const std::string& body) {
+  HttpRequest http;
+  http.method = method;
+  http.url = absl::StrCat(config_.api_url, path);
+  http.headers = {{"X-API-KEY", config_.api_key}};
+  if (!body.empty()) http.headers.push_back({"Content-Type", "application/json"});
+  http.body = body;
+  const absl::Duration budget = absl::Seconds(config_.request_timeout_seconds);
+  Clock* clock = Clock::Real();
+  const absl::Time start = clock->Monotonic();
+  for (int attempt = 0;; ++attempt) {
+    http.timeout = budget - (clock->Monotonic() - start);
+    if (http.timeout <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError("e2b: request timed out");
+    }
+    absl::StatusOr<HttpResponse> resp = http_->Send(http);
+    if (!resp.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "e2b: ", method, " ", path.substr(0, path.find('/', 1)), ": ", resp.status().message()));
+    }
+    // Like the SDK: retry only 429 with an integer Retry-After, within budget.
+    int64_t retry_after = -1;
+    if (resp->status != 429 || attempt >= config_.retries ||
+        !absl::SimpleAtoi(resp->Header("retry-after"), &retry_after) || retry_after < 0 ||
+        clock->Monotonic() - start + absl::Seconds(retry_after) >= budget) {
+      return resp;
+    }
+    absl::SleepFor(absl::Seconds(retry_after));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Sandbox>> E2BProvider::Create(const SandboxSpec& spec) {
+  std::map<std::string, std::string> metadata = spec.labels;
+  metadata["sandbox-broker.tenant"] = spec.tenant;
+  metadata["sandbox-broker.session-id"] = spec.session_id;
+  metadata["sandbox-broker.instance-id"] = spec.broker_instance_id;
+  const std::string template_id =
+      spec.template_name.empty() ? config_.template_id : spec.template_name;
+  const std::string body =
+      e2b::CreateSandboxBody(template_id, config_.sandbox_timeout_seconds, metadata, spec.env);
+  ASSIGN_OR_RETURN(HttpResponse resp, ControlRequest("POST", "/v2/sandboxes", body));
+  if (resp.status / 100 != 2) return e2b::HttpError("create sandbox", resp.status, resp.body);
+  ASSIGN_OR_RETURN(e2b::SandboxInfo info, e2b::ParseSandbox(resp.body));
+  return std::unique_ptr<Sandbox>(
+      new E2BSandbox(this, std::move(info), spec, config_.sandbox_timeout_seconds));
+}
+
+}  // namespace sandbox

@@ -1,0 +1,62 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "adapters/api/provider.h"
+#include "adapters/http/http_client.h"
+#include "nlohmann/json.hpp"
+
+namespace sandbox {
+
+// Settings of the E2B provider (config key providers.e2b).
+struct E2BConfig {
+  std::string api_key;  // default: $E2B_API_KEY
+  std::string template_id = "base";
+  std::string domain = "e2b.app";
+  std::string api_url;      // default https://api.<domain> (as E2B_API_URL)
+  std::string sandbox_url;  // default: as the SDK computes it (as E2B_SANDBOX_URL)
+  int64_t request_timeout_seconds = 60;
+  // E2B's own timeout for our sandboxes: a dead-man's switch, so a sandbox
+  // the broker forgets dies by itself. Default: the broker's idle timeout
+  // plus 60 s; extended while the session is active.
+  int64_t sandbox_timeout_seconds = 0;
+  int retries = 3;  // 429 + Retry-After retries of control-plane calls
+};
+
+// Reads providers.e2b. INVALID_ARGUMENT naming the key for bad values;
+// FAILED_PRECONDITION "e2b: missing API key" when there is none.
+absl::StatusOr<E2BConfig> ParseE2BConfig(const nlohmann::json& json,
+                                         int64_t broker_idle_timeout_seconds);
+
+// Sandboxes on E2B, driven over its REST control plane and envd's Connect
+// API exactly as the official SDK drives them. One HttpClient (connection
+// reuse) is shared by all sandboxes; each sandbox is owned by one session.
+//
+// Thread-safe.
+class E2BProvider final : public Provider {
+ public:
+  static absl::StatusOr<std::unique_ptr<E2BProvider>> Create(E2BConfig config);
+
+  absl::string_view name() const override { return "e2b"; }
+  absl::StatusOr<std::unique_ptr<Sandbox>> Create(const SandboxSpec& spec) override;
+
+  HttpClient* http() { return http_.get(); }
+  const E2BConfig& config() const { return config_; }
+  // The envd base URL for a sandbox (see the SDK's getSandboxUrl).
+  std::string EnvdUrl(const std::string& sandbox_id, const std::string& domain) const;
+
+  // A control-plane request with the API key, retrying 429 + Retry-After.
+  absl::StatusOr<HttpResponse> ControlRequest(const std::string& method, const std::string& path,
+                                              const std::string& body);
+
+ private:
+  explicit E2BProvider(E2BConfig config);
+
+  const E2BConfig config_;
+  std::shared_ptr<HttpClient> http_;
+};
+
+}  // namespace sandbox

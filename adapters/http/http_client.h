@@ -1,0 +1,89 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace sandbox {
+
+struct HttpRequest {
+  std::string method = "GET";
+  std::string url;
+  // Name/value pairs sent as is. Values may hold secrets: they never appear
+  // in errors or logs.
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+  // The whole exchange, including a streamed body. Zero = no limit.
+  absl::Duration timeout = absl::Seconds(60);
+  // Streamed response: called with each piece of the body as it arrives
+  // instead of collecting it; return false to abort the transfer.
+  std::function<bool(absl::string_view)> on_body;
+  // Polled during the transfer; true aborts it (CANCELLED).
+  std::function<bool()> cancelled;
+};
+
+struct HttpResponse {
+  int status = 0;
+  // Lower-case names.
+  std::multimap<std::string, std::string> headers;
+  std::string body;  // empty when on_body was given
+
+  // The first value of a header (name in lower case), or "".
+  std::string Header(const std::string& name) const;
+};
+
+// A small HTTP/1.1 (and HTTP/2 over TLS, where the server offers it) client
+// over libcurl, shared by all sandboxes of a provider. Connections are kept
+// alive and reused: handles return to a pool, each with its connection cache.
+//
+// Errors: UNAVAILABLE for transport failures (connect, reset, TLS),
+// DEADLINE_EXCEEDED when `timeout` passes, CANCELLED when `cancelled` or
+// on_body stopped it. An HTTP error status is a response, not an error.
+//
+// Thread-safe.
+class HttpClient {
+ public:
+  explicit HttpClient(std::string user_agent);
+  ~HttpClient();
+  HttpClient(const HttpClient&) = delete;
+  HttpClient& operator=(const HttpClient&) = delete;
+
+  absl::StatusOr<HttpResponse> Send(const HttpRequest& request);
+
+  // TCP connections opened so far (to see that connections are reused).
+  int64_t connections_opened() const;
+
+  // "%2F"-style encoding of a query value.
+  static std::string UrlEncode(absl::string_view s);
+
+ private:
+  void* TakeHandle();
+  void ReturnHandle(void* handle);
+
+  const std::string user_agent_;
+  absl::Mutex mu_;
+  std::vector<void*> idle_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<std::atomic<int64_t>> connections_;
+};
+
+// A multipart/form-data body with one part per file (field `field`,
+// filename = the file's name), as browsers and the official SDKs send them.
+struct MultipartBody {
+  std::string content_type;  // with the boundary
+  std::string body;
+};
+MultipartBody BuildMultipart(
+    const std::vector<std::pair<std::string, std::string>>& files /* filename, bytes */,
+    const std::string& field);
+
+}  // namespace sandbox
