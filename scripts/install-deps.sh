@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake pkg-config git ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev nlohmann-json3-dev libcurl4-openssl-dev
-  libgtest-dev libgmock-dev
+  libgtest-dev libgmock-dev libcpp-httplib-dev
   bubblewrap python3 python3-grpcio
 )
 # The local provider runs node; keep a node that is already there (it may be
@@ -31,7 +31,7 @@ fi
 # npm packages (lockfiles committed), for the example clients and the
 # conformance tests.
 root=$(cd "$(dirname "$0")/.." && pwd)
-for dir in examples/node tests/conformance/e2b; do
+for dir in examples/node tests/conformance/e2b tests/conformance/daytona; do
   if [ -f "$root/$dir/package-lock.json" ] && [ ! -d "$root/$dir/node_modules" ]; then
     echo "install-deps: npm ci in $dir" >&2
     (cd "$root/$dir" && npm ci --no-audit --no-fund --loglevel=error)

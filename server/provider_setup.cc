@@ -1,6 +1,7 @@
 #include "server/provider_setup.h"
 
 #include "absl/strings/str_cat.h"
+#include "adapters/daytona/daytona_provider.h"
 #include "adapters/e2b/e2b_provider.h"
 #include "adapters/local/local_provider.h"
 #include "common/log.h"
@@ -22,8 +23,13 @@ absl::StatusOr<std::unique_ptr<Provider>> MakeProvider(const std::string& name,
     ASSIGN_OR_RETURN(std::unique_ptr<E2BProvider> p, E2BProvider::Create(std::move(c)));
     return std::unique_ptr<Provider>(std::move(p));
   }
+  if (name == "daytona") {
+    ASSIGN_OR_RETURN(DaytonaConfig c, ParseDaytonaConfig(cfg, config.idle_timeout_seconds));
+    ASSIGN_OR_RETURN(std::unique_ptr<DaytonaProvider> p, DaytonaProvider::Create(std::move(c)));
+    return std::unique_ptr<Provider>(std::move(p));
+  }
   return absl::InvalidArgumentError(
-      absl::StrCat("providers.", name, ": unknown provider (known: local, e2b)"));
+      absl::StrCat("providers.", name, ": unknown provider (known: local, e2b, daytona)"));
 }
 
 }  // namespace

@@ -5,8 +5,11 @@
 #include <atomic>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/text.h"
 
 namespace sandbox {
@@ -174,33 +177,135 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const HttpRequest& request) {
     return absl::DeadlineExceededError(
         absl::StrCat("http: timed out (", curl_easy_strerror(rc), ")"));
   }
-  return absl::UnavailableError(absl::StrCat("http: ", curl_easy_strerror(rc)));
+  absl::Status err = absl::UnavailableError(absl::StrCat("http: ", curl_easy_strerror(rc)));
+  if (rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_HOST ||
+      rc == CURLE_COULDNT_RESOLVE_PROXY) {
+    err.SetPayload(kConnectFailedPayload, absl::Cord("1"));
+  }
+  return err;
 }
 
-MultipartBody BuildMultipart(const std::vector<std::pair<std::string, std::string>>& files,
-                             const std::string& field) {
+namespace {
+// Quotes a Content-Disposition parameter value.
+std::string DispositionValue(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '"') {
+      out += "%22";
+    } else if (c == '\r') {
+      out += "%0D";
+    } else if (c == '\n') {
+      out += "%0A";
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+}  // namespace
+
+MultipartBody BuildMultipart(const std::vector<MultipartPart>& parts) {
   const std::string boundary = absl::StrCat("----sandbox-broker-", RandomHex(12));
   MultipartBody m;
   m.content_type = absl::StrCat("multipart/form-data; boundary=", boundary);
-  for (const auto& [name, data] : files) {
-    std::string escaped;
-    for (char c : name) {
-      if (c == '"') {
-        escaped += "%22";
-      } else if (c == '\r' || c == '\n') {
-        escaped += c == '\r' ? "%0D" : "%0A";
-      } else {
-        escaped.push_back(c);
-      }
+  for (const MultipartPart& p : parts) {
+    absl::StrAppend(&m.body, "--", boundary, "\r\nContent-Disposition: form-data; name=\"",
+                    DispositionValue(p.name), "\"");
+    if (!p.filename.empty()) {
+      absl::StrAppend(&m.body, "; filename=\"", DispositionValue(p.filename),
+                      "\"\r\nContent-Type: ",
+                      p.content_type.empty() ? "application/octet-stream" : p.content_type);
+    } else if (!p.content_type.empty()) {
+      absl::StrAppend(&m.body, "\r\nContent-Type: ", p.content_type);
     }
-    absl::StrAppend(&m.body, "--", boundary, "\r\nContent-Disposition: form-data; name=\"", field,
-                    "\"; filename=\"", escaped,
-                    "\"\r\nContent-Type: application/octet-stream\r\n\r\n");
-    m.body.append(data);
+    m.body.append("\r\n\r\n");
+    m.body.append(p.data);
     m.body.append("\r\n");
   }
   absl::StrAppend(&m.body, "--", boundary, "--\r\n");
   return m;
+}
+
+MultipartBody BuildMultipart(const std::vector<std::pair<std::string, std::string>>& files,
+                             const std::string& field) {
+  std::vector<MultipartPart> parts;
+  for (const auto& [name, data] : files) parts.push_back({field, name, "", data});
+  return BuildMultipart(parts);
+}
+
+namespace {
+// The value of `param` in a header like `form-data; name="x"; filename="y"`.
+std::string HeaderParam(absl::string_view header, absl::string_view param) {
+  const std::string key = absl::StrCat(param, "=");
+  size_t pos = 0;
+  while ((pos = header.find(key, pos)) != absl::string_view::npos) {
+    // Must start a parameter (not the tail of "filename*=" or similar).
+    if (pos > 0 && header[pos - 1] != ' ' && header[pos - 1] != ';') {
+      pos += key.size();
+      continue;
+    }
+    absl::string_view v = header.substr(pos + key.size());
+    if (!v.empty() && v.front() == '"') {
+      size_t end = v.find('"', 1);
+      return std::string(v.substr(1, end == absl::string_view::npos ? v.size() : end - 1));
+    }
+    size_t end = v.find(';');
+    return std::string(absl::StripAsciiWhitespace(v.substr(0, end)));
+  }
+  return "";
+}
+}  // namespace
+
+absl::StatusOr<std::vector<MultipartPart>> ParseMultipart(absl::string_view content_type,
+                                                          absl::string_view body) {
+  std::string boundary = HeaderParam(content_type, "boundary");
+  if (boundary.empty()) return absl::InvalidArgumentError("multipart: no boundary");
+  const std::string delim = absl::StrCat("--", boundary);
+  std::vector<MultipartPart> parts;
+  size_t pos = body.find(delim);
+  if (pos == absl::string_view::npos) return absl::InvalidArgumentError("multipart: no parts");
+  while (true) {
+    pos += delim.size();
+    if (body.substr(pos, 2) == "--") return parts;  // the closing delimiter
+    if (body.substr(pos, 2) != "\r\n") return absl::InvalidArgumentError("multipart: malformed");
+    pos += 2;
+    size_t headers_end = body.find("\r\n\r\n", pos);
+    if (headers_end == absl::string_view::npos) {
+      return absl::InvalidArgumentError("multipart: unterminated headers");
+    }
+    MultipartPart part;
+    int64_t content_length = -1;
+    for (absl::string_view line : absl::StrSplit(body.substr(pos, headers_end - pos), "\r\n")) {
+      size_t colon = line.find(':');
+      if (colon == absl::string_view::npos) continue;
+      std::string name = absl::AsciiStrToLower(absl::StripAsciiWhitespace(line.substr(0, colon)));
+      absl::string_view value = absl::StripAsciiWhitespace(line.substr(colon + 1));
+      if (name == "content-disposition") {
+        part.name = HeaderParam(value, "name");
+        part.filename = HeaderParam(value, "filename");
+      } else if (name == "content-type") {
+        part.content_type = std::string(value);
+      } else if (name == "content-length") {
+        if (!absl::SimpleAtoi(value, &content_length)) content_length = -1;
+      }
+    }
+    const size_t data_start = headers_end + 4;
+    // A part's own Content-Length wins over searching for the boundary: a
+    // fixed boundary (Daytona's) may occur inside file data.
+    size_t next = absl::string_view::npos;
+    if (content_length >= 0 && data_start + static_cast<size_t>(content_length) <= body.size() &&
+        body.substr(data_start + static_cast<size_t>(content_length), 2 + delim.size()) ==
+            absl::StrCat("\r\n", delim)) {
+      next = data_start + static_cast<size_t>(content_length);
+    } else {
+      next = body.find(absl::StrCat("\r\n", delim), data_start);
+    }
+    if (next == absl::string_view::npos)
+      return absl::InvalidArgumentError("multipart: unterminated part");
+    part.data = std::string(body.substr(data_start, next - data_start));
+    parts.push_back(std::move(part));
+    pos = next + 2;
+  }
 }
 
 }  // namespace sandbox

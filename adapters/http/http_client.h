@@ -76,14 +76,36 @@ class HttpClient {
   std::shared_ptr<std::atomic<int64_t>> connections_;
 };
 
-// A multipart/form-data body with one part per file (field `field`,
-// filename = the file's name), as browsers and the official SDKs send them.
+// A transport failure before any byte reached the server (refused, no
+// route, DNS): safe to retry for any method.
+inline constexpr char kConnectFailedPayload[] = "type.sandbox-broker.dev/http-connect-failed";
+inline bool IsConnectFailure(const absl::Status& s) {
+  return s.GetPayload(kConnectFailedPayload).has_value();
+}
+
+// One part of a multipart/form-data body.
+struct MultipartPart {
+  std::string name;      // the form field
+  std::string filename;  // empty for a plain field
+  std::string content_type;
+  std::string data;
+};
+
 struct MultipartBody {
   std::string content_type;  // with the boundary
   std::string body;
 };
-MultipartBody BuildMultipart(
-    const std::vector<std::pair<std::string, std::string>>& files /* filename, bytes */,
-    const std::string& field);
+
+// A multipart/form-data body, as browsers and the official SDKs send them
+// (file parts get application/octet-stream unless they say otherwise).
+MultipartBody BuildMultipart(const std::vector<MultipartPart>& parts);
+// One file part per (filename, bytes), all under the field `field`.
+MultipartBody BuildMultipart(const std::vector<std::pair<std::string, std::string>>& files,
+                             const std::string& field);
+
+// Splits a multipart body. INVALID_ARGUMENT when `content_type` has no
+// boundary or the body is malformed.
+absl::StatusOr<std::vector<MultipartPart>> ParseMultipart(absl::string_view content_type,
+                                                          absl::string_view body);
 
 }  // namespace sandbox

@@ -170,7 +170,7 @@ class FakeE2B::Impl {
 
   int port() const { return port_; }
   Faults& faults() { return faults_; }
-  int64_t requests() const { return requests_.load(); }
+  int64_t requests() const { return faults_.requests.load(); }
 
   int live() const {
     absl::MutexLock l(&mu_);
@@ -222,30 +222,8 @@ class FakeE2B::Impl {
 
  private:
   // Applies injected faults; true when the request was answered by a fault.
-  bool Fault(const httplib::Request& req, httplib::Response& res, bool control_plane) {
-    const int64_t n = ++requests_;
-    if (int ms = faults_.latency_ms.load(); ms > 0) absl::SleepFor(absl::Milliseconds(ms));
-    if (faults_.drop_next.load() > 0 && faults_.drop_next.fetch_sub(1) > 0) {
-      // Headers, then the connection is cut before the promised body.
-      res.set_content_provider(1024, "application/json",
-                               [](size_t, size_t, httplib::DataSink&) { return false; });
-      return true;
-    }
-    if (faults_.fail_next.load() > 0 && faults_.fail_next.fetch_sub(1) > 0) {
-      ErrorReply(res, 500, "internal server error (injected)");
-      return true;
-    }
-    if (int every = faults_.error_every_n.load(); every > 0 && n % every == 0) {
-      ErrorReply(res, 503, "service temporarily unavailable (injected)");
-      return true;
-    }
-    if (control_plane && faults_.rate_limit_next.load() > 0 &&
-        faults_.rate_limit_next.fetch_sub(1) > 0) {
-      res.set_header("Retry-After", absl::StrCat(faults_.retry_after_seconds.load()));
-      ErrorReply(res, 429, "rate limit exceeded (injected)");
-      return true;
-    }
-    return false;
+  bool Fault(const httplib::Request&, httplib::Response& res, bool control_plane) {
+    return faults_.Apply(res, control_plane, ErrorReply);
   }
 
   bool CheckApiKey(const httplib::Request& req, httplib::Response& res) {
@@ -729,7 +707,6 @@ class FakeE2B::Impl {
   std::thread ttl_thread_;
   absl::Notification stop_;
   Faults faults_;
-  std::atomic<int64_t> requests_{0};
   std::atomic<uint32_t> next_pid_{4000};
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<FakeSandbox>> sandboxes_ ABSL_GUARDED_BY(mu_);
@@ -747,7 +724,7 @@ absl::StatusOr<std::unique_ptr<FakeE2B>> FakeE2B::Start(Options options) {
 
 int FakeE2B::port() const { return impl_->port(); }
 std::string FakeE2B::url() const { return absl::StrCat("http://127.0.0.1:", impl_->port()); }
-FakeE2B::Faults& FakeE2B::faults() { return impl_->faults(); }
+Faults& FakeE2B::faults() { return impl_->faults(); }
 int FakeE2B::ExpireNow() { return impl_->ExpireNow(); }
 bool FakeE2B::Vanish(const std::string& id) { return impl_->Vanish(id); }
 int FakeE2B::live_sandboxes() const { return impl_->live(); }

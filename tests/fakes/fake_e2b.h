@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/clock.h"
+#include "tests/fakes/fault_injection.h"
 
 namespace sandbox {
 
@@ -30,21 +31,12 @@ class FakeE2B {
     bool ttl_thread = true;  // reap expired sandboxes every second
   };
 
-  // Fault injection; every switch is read per request.
-  struct Faults {
-    std::atomic<int> latency_ms{0};
-    std::atomic<int> fail_next{0};        // next N requests: 500
-    std::atomic<int> error_every_n{0};    // every Nth request: 503 (a share of 5xx)
-    std::atomic<int> rate_limit_next{0};  // next N control-plane requests: 429
-    std::atomic<int> retry_after_seconds{1};
-    std::atomic<int> drop_next{0};  // next N requests: connection cut mid-response
-  };
-
   static absl::StatusOr<std::unique_ptr<FakeE2B>> Start(Options options);
   ~FakeE2B();
 
   int port() const;
   std::string url() const;  // http://127.0.0.1:PORT
+  // Fault injection switches.
   Faults& faults();
 
   // Kills sandboxes whose TTL has passed; returns how many.

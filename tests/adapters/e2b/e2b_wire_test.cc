@@ -7,7 +7,7 @@ namespace e2b {
 namespace {
 
 TEST(Envelope, EncodesAndSplitsFramesArrivingInPieces) {
-  const std::string a = EncodeEnvelope(0, R"({"event":{"start":{"pid":4242}}})");
+  const std::string a = EncodeEnvelope(0, R"j({"event":{"start":{"pid":4242}}})j");
   const std::string b = EncodeEnvelope(kFlagEndStream, "{}");
   EXPECT_EQ(a.substr(0, 5), std::string("\x00\x00\x00\x00\x20", 5));
   const std::string wire = a + b;
@@ -24,7 +24,7 @@ TEST(Envelope, EncodesAndSplitsFramesArrivingInPieces) {
   }
   ASSERT_EQ(got.size(), 2u);
   EXPECT_EQ(got[0].flags, 0);
-  EXPECT_EQ(got[0].payload, R"({"event":{"start":{"pid":4242}}})");
+  EXPECT_EQ(got[0].payload, R"j({"event":{"start":{"pid":4242}}})j");
   EXPECT_EQ(got[1].flags, kFlagEndStream);
   EXPECT_TRUE(r.empty());
   EnvelopeReader huge;
@@ -34,56 +34,56 @@ TEST(Envelope, EncodesAndSplitsFramesArrivingInPieces) {
 
 TEST(ProcessEvents, ParseTheCapturedStream) {
   // The frames envd sent for run('echo hi') (reference 8.2).
-  auto start = ParseProcessEvent(R"({"event":{"start":{"pid":4242}}})");
+  auto start = ParseProcessEvent(R"j({"event":{"start":{"pid":4242}}})j");
   EXPECT_EQ(start->kind, ProcessEvent::kStart);
   EXPECT_EQ(start->pid, 4242u);
-  auto data = ParseProcessEvent(R"({"event":{"data":{"stdout":"aGkK"}}})");
+  auto data = ParseProcessEvent(R"j({"event":{"data":{"stdout":"aGkK"}}})j");
   EXPECT_EQ(data->kind, ProcessEvent::kStdout);
   EXPECT_EQ(data->data, "hi\n");
-  auto err = ParseProcessEvent(R"({"event":{"data":{"stderr":"Ym9vbQo="}}})");
+  auto err = ParseProcessEvent(R"j({"event":{"data":{"stderr":"Ym9vbQo="}}})j");
   EXPECT_EQ(err->kind, ProcessEvent::kStderr);
-  auto end = ParseProcessEvent(R"({"event":{"end":{"exited":true,"status":"exit status 0"}}})");
+  auto end = ParseProcessEvent(R"j({"event":{"end":{"exited":true,"status":"exit status 0"}}})j");
   EXPECT_EQ(end->kind, ProcessEvent::kEnd);
   EXPECT_EQ(end->exit_code, 0);
   EXPECT_TRUE(end->exited);
   auto fail = ParseProcessEvent(
-      R"({"event":{"end":{"exitCode":3,"exited":true,"error":"exit status 3"}}})");
+      R"j({"event":{"end":{"exitCode":3,"exited":true,"error":"exit status 3"}}})j");
   EXPECT_EQ(fail->exit_code, 3);
   auto killed = ParseProcessEvent(
-      R"({"event":{"end":{"exitCode":-1,"exited":false,"status":"signal: killed"}}})");
+      R"j({"event":{"end":{"exitCode":-1,"exited":false,"status":"signal: killed"}}})j");
   EXPECT_EQ(killed->exit_code, -1);
   EXPECT_FALSE(killed->exited);
-  EXPECT_EQ(ParseProcessEvent(R"({"event":{"keepalive":{}}})")->kind, ProcessEvent::kKeepalive);
-  EXPECT_EQ(ParseProcessEvent(R"({"event":{"somethingNew":{}}})")->kind, ProcessEvent::kUnknown);
+  EXPECT_EQ(ParseProcessEvent(R"j({"event":{"keepalive":{}}})j")->kind, ProcessEvent::kKeepalive);
+  EXPECT_EQ(ParseProcessEvent(R"j({"event":{"somethingNew":{}}})j")->kind, ProcessEvent::kUnknown);
   EXPECT_FALSE(ParseProcessEvent("not json").ok());
-  EXPECT_FALSE(ParseProcessEvent(R"({"event":{"data":{"stdout":"!!"}}})").ok());
+  EXPECT_FALSE(ParseProcessEvent(R"j({"event":{"data":{"stdout":"!!"}}})j").ok());
 }
 
 TEST(EndStream, OkOrTheCarriedError) {
   EXPECT_TRUE(ParseEndStream("{}").ok());
   absl::Status s = ParseEndStream(
-      R"({"error":{"code":"invalid_argument","message":"cwd '/nope' does not exist"}})");
+      R"j({"error":{"code":"invalid_argument","message":"cwd '/nope' does not exist"}})j");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(), "[invalid_argument] cwd '/nope' does not exist");
-  EXPECT_EQ(ParseEndStream(R"({"error":{"code":"deadline_exceeded"}})").code(),
+  EXPECT_EQ(ParseEndStream(R"j({"error":{"code":"deadline_exceeded"}})j").code(),
             absl::StatusCode::kDeadlineExceeded);
 }
 
 TEST(Requests, BodiesMatchTheSdkCaptures) {
   EXPECT_EQ(StartRequestJson("/bin/bash", {"-l", "-c", "echo hi"}, {}, ""),
-            R"({"process":{"cmd":"/bin/bash","args":["-l","-c","echo hi"]},"stdin":false})");
+            R"j({"process":{"cmd":"/bin/bash","args":["-l","-c","echo hi"]},"stdin":false})j");
   EXPECT_EQ(
       StartRequestJson("/bin/bash", {"-l", "-c", "echo x"}, {{"A", "1"}}, "/tmp"),
-      R"({"process":{"cmd":"/bin/bash","args":["-l","-c","echo x"],"envs":{"A":"1"},"cwd":"/tmp"},"stdin":false})");
+      R"j({"process":{"cmd":"/bin/bash","args":["-l","-c","echo x"],"envs":{"A":"1"},"cwd":"/tmp"},"stdin":false})j");
   EXPECT_EQ(
       CreateSandboxBody("base", 120, {{"owner", "cpp-team"}}, {{"FOO", "bar"}}),
-      R"({"templateID":"base","metadata":{"owner":"cpp-team"},"envVars":{"FOO":"bar"},"timeout":120})");
-  EXPECT_EQ(CreateSandboxBody("base", 0, {}, {}), R"({"templateID":"base"})");
+      R"j({"templateID":"base","metadata":{"owner":"cpp-team"},"envVars":{"FOO":"bar"},"timeout":120})j");
+  EXPECT_EQ(CreateSandboxBody("base", 0, {}, {}), R"j({"templateID":"base"})j");
 }
 
 TEST(Sandbox, ParsesTheCreateResponse) {
   auto s = ParseSandbox(
-      R"({"sandboxID":"isbfake0001","clientID":"6532622b","templateID":"rki5dems9wqfm4r03t7g","alias":"base","envdVersion":"0.6.4","envdAccessToken":"envd-token-abc","domain":null,"trafficAccessToken":null})");
+      R"j({"sandboxID":"isbfake0001","clientID":"6532622b","templateID":"rki5dems9wqfm4r03t7g","alias":"base","envdVersion":"0.6.4","envdAccessToken":"envd-token-abc","domain":null,"trafficAccessToken":null})j");
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->sandbox_id, "isbfake0001");
   EXPECT_EQ(s->envd_access_token, "envd-token-abc");
@@ -93,7 +93,8 @@ TEST(Sandbox, ParsesTheCreateResponse) {
 }
 
 TEST(Errors, HttpStatusesMapToCodesNamingE2b) {
-  absl::Status s = HttpError("create sandbox", 401, R"({"code":401,"message":"Invalid API key"})");
+  absl::Status s =
+      HttpError("create sandbox", 401, R"j({"code":401,"message":"Invalid API key"})j");
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(s.message(),
             "e2b: create sandbox: 401 Invalid API key (unauthorized: check providers.e2b.api_key)");
@@ -103,8 +104,8 @@ TEST(Errors, HttpStatusesMapToCodesNamingE2b) {
   EXPECT_EQ(HttpError("x", 500, "oops").message(), "e2b: x: 500 oops");
   EXPECT_EQ(HttpError("x", 503, "{}").code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(HttpError("x", 507, "{}").code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(
-      IsSandboxGone(502, R"({"sandboxId":"x","message":"The sandbox was not found","code":502})"));
+  EXPECT_TRUE(IsSandboxGone(
+      502, R"j({"sandboxId":"x","message":"The sandbox was not found","code":502})j"));
   EXPECT_FALSE(IsSandboxGone(502, "bad gateway"));
 }
 

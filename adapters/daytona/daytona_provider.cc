@@ -1,0 +1,375 @@
+#include "adapters/daytona/daytona_provider.h"
+
+#include <cmath>
+#include <cstdlib>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "adapters/api/output.h"
+#include "adapters/daytona/daytona_wire.h"
+#include "common/clock.h"
+#include "common/config_reader.h"
+#include "common/status_macros.h"
+#include "common/text.h"
+#include "nlohmann/json.hpp"
+
+namespace sandbox {
+namespace {
+
+constexpr char kSdkVersion[] = "0.218.0";  // >= 0.167.0: the daemon demuxes output
+constexpr char kSource[] = "sandbox-broker-cpp";
+// How often activity is reported to Daytona while a session is in use.
+constexpr absl::Duration kActivityEvery = absl::Seconds(30);
+
+std::string ShellQuote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out + "'";
+}
+
+std::string LanguageLabel(Language l) { return l == Language::kNode ? "javascript" : "python"; }
+
+class DaytonaSandbox final : public Sandbox {
+ public:
+  DaytonaSandbox(DaytonaProvider* provider, std::string id, std::string toolbox, Language language,
+                 const SandboxSpec& spec)
+      : provider_(provider),
+        id_(std::move(id)),
+        toolbox_(std::move(toolbox)),
+        language_(language),
+        env_(spec.env),
+        last_activity_(Clock::Real()->Monotonic()) {}
+
+  ~DaytonaSandbox() override { (void)Destroy(); }
+
+  const std::string& id() const override { return id_; }
+
+  absl::StatusOr<ExecResult> Exec(const ExecRequest& request) override {
+    RETURN_IF_ERROR(CheckOpen());
+    std::map<std::string, std::string> envs = env_;
+    for (const auto& [k, v] : request.env) envs[k] = v;
+    const int64_t timeout_s = std::max<int64_t>(
+        1, static_cast<int64_t>(std::ceil(absl::ToDoubleSeconds(request.timeout))));
+    std::string path, body;
+    if (!request.argv.empty() || request.language == Language::kShell) {
+      std::string command = request.code;
+      if (!request.argv.empty()) {
+        std::vector<std::string> q;
+        for (const auto& a : request.argv) q.push_back(ShellQuote(a));
+        command = absl::StrJoin(q, " ");
+      }
+      path = "/process/execute";
+      body = daytona::ExecuteBody(command, request.cwd, envs, timeout_s);
+    } else {
+      if (request.language != language_) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "daytona: this session's sandbox runs ", LanguageName(language_),
+            " code (a Daytona sandbox's language is fixed at creation); use another session "
+            "(spec.language) for ",
+            LanguageName(request.language)));
+      }
+      path = "/process/code-run";
+      body = daytona::CodeRunBody(request.code, LanguageLabel(language_), envs, timeout_s);
+    }
+    RefreshActivity(false);
+    HttpRequest http;
+    http.method = "POST";
+    http.url = absl::StrCat(toolbox_, path);
+    http.headers = {{"Content-Type", "application/json"}};
+    http.body = std::move(body);
+    // The daemon enforces the timeout; the HTTP deadline allows for it.
+    http.timeout = absl::Seconds(timeout_s + 5 + provider_->config().request_timeout_seconds);
+    http.cancelled = request.cancelled;
+    absl::StatusOr<HttpResponse> resp = provider_->Send(std::move(http));
+    ExecResult r;
+    if (!resp.ok()) {
+      if (resp.status().code() == absl::StatusCode::kCancelled) {
+        r.cancelled = true;
+        r.exit_code = 130;
+        return r;
+      }
+      return absl::UnavailableError(absl::StrCat("daytona: run: ", resp.status().message()));
+    }
+    if (resp->status == 408) {
+      // The daemon killed the process group; it discards partial output.
+      r.timed_out = true;
+      r.exit_code = 124;
+      return r;
+    }
+    if (resp->status == 404 || resp->status == 410) return Gone();
+    if (resp->status != 200) return daytona::HttpError("run", resp->status, resp->body);
+    ASSIGN_OR_RETURN(daytona::ExecuteResult er, daytona::ParseExecuteResult(resp->body));
+    // Daytona answers once, at the end: one chunk, then the result.
+    OutputCollector collector(request.max_output_bytes, request.on_output);
+    collector.Append(OutputStream::kStdout, er.result);
+    r.truncated = collector.truncated();
+    r.output = collector.Take();
+    r.exit_code = er.exit_code;
+    return r;
+  }
+
+  absl::Status WriteFile(absl::string_view path, absl::string_view data) override {
+    RETURN_IF_ERROR(CheckOpen());
+    RETURN_IF_ERROR(CheckPath(path));
+    const std::string p(path);
+    const std::string base = p.substr(p.rfind('/') + 1);
+    MultipartBody m = BuildMultipart(std::vector<MultipartPart>{
+        {"files[0].path", "", "", p},
+        {"files[0].file", base.empty() ? "file" : base, "", std::string(data)}});
+    HttpRequest http;
+    http.method = "POST";
+    http.url = absl::StrCat(toolbox_, "/files/bulk-upload");
+    http.headers = {{"Content-Type", m.content_type}, {"Accept", "*/*"}};
+    http.body = std::move(m.body);
+    http.timeout = absl::Seconds(provider_->config().request_timeout_seconds);
+    RefreshActivity(false);
+    auto resp = provider_->Send(std::move(http));
+    if (!resp.ok())
+      return absl::UnavailableError(absl::StrCat("daytona: write file: ", resp.status().message()));
+    if (resp->status / 100 == 2) return absl::OkStatus();
+    if (resp->status == 404 && !absl::StrContains(resp->body, "DAYTONA_DAEMON")) return Gone();
+    return daytona::HttpError("write file", resp->status, resp->body);
+  }
+
+  absl::StatusOr<std::optional<std::string>> ReadFile(absl::string_view path) override {
+    RETURN_IF_ERROR(CheckOpen());
+    RETURN_IF_ERROR(CheckPath(path));
+    const std::string p(path);
+    HttpRequest http;
+    http.method = "POST";
+    http.url = absl::StrCat(toolbox_, "/files/bulk-download");
+    http.headers = {{"Content-Type", "application/json"}, {"Accept", "multipart/form-data"}};
+    http.body = nlohmann::json({{"paths", {p}}}).dump();
+    http.timeout = absl::Seconds(provider_->config().request_timeout_seconds);
+    RefreshActivity(false);
+    auto resp = provider_->Send(std::move(http));
+    if (!resp.ok())
+      return absl::UnavailableError(absl::StrCat("daytona: read file: ", resp.status().message()));
+    if (resp->status != 200) {
+      if (resp->status == 404) return Gone();
+      return daytona::HttpError("read file", resp->status, resp->body);
+    }
+    ASSIGN_OR_RETURN(std::vector<daytona::Download> d,
+                     daytona::ParseBulkDownload(resp->Header("content-type"), resp->body, {p}));
+    if (d[0].found) return std::optional<std::string>(std::move(d[0].data));
+    if (d[0].code == "FILE_NOT_FOUND" || d[0].status == 404) return std::optional<std::string>();
+    return daytona::HttpError(
+        "read file", d[0].status,
+        nlohmann::json({{"message", d[0].message}, {"code", d[0].code}}).dump());
+  }
+
+  absl::Status KeepAlive() override {
+    RETURN_IF_ERROR(CheckOpen());
+    return RefreshActivity(true);
+  }
+
+  absl::Status Destroy() override {
+    {
+      absl::MutexLock l(&mu_);
+      if (destroyed_) return absl::OkStatus();
+      destroyed_ = true;
+    }
+    auto resp = provider_->Api("DELETE", absl::StrCat("/sandbox/", id_), "");
+    if (!resp.ok()) return resp.status();
+    if (resp->status / 100 == 2 || resp->status == 404) return absl::OkStatus();
+    return daytona::HttpError("delete sandbox", resp->status, resp->body);
+  }
+
+ private:
+  absl::Status CheckOpen() {
+    absl::MutexLock l(&mu_);
+    if (destroyed_) return absl::FailedPreconditionError("daytona: sandbox is closed");
+    return absl::OkStatus();
+  }
+
+  static absl::Status CheckPath(absl::string_view path) {
+    if (path.empty()) return absl::InvalidArgumentError("path is empty");
+    if (path.find('\0') != absl::string_view::npos) {
+      return absl::InvalidArgumentError("path contains a NUL byte");
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Gone() const {
+    return SandboxGoneError(absl::StrCat("daytona: sandbox ", id_,
+                                         " no longer exists (stopped or deleted); the next call "
+                                         "creates a new one"));
+  }
+
+  // Tells Daytona the sandbox is in use (its auto-stop timer counts from
+  // the last activity). At most every kActivityEvery unless forced.
+  absl::Status RefreshActivity(bool force) {
+    const absl::Time now = Clock::Real()->Monotonic();
+    {
+      absl::MutexLock l(&mu_);
+      if (!force && now - last_activity_ < kActivityEvery) return absl::OkStatus();
+      last_activity_ = now;
+    }
+    auto resp = provider_->Api("POST", absl::StrCat("/sandbox/", id_, "/last-activity"), "{}");
+    if (!resp.ok()) return resp.status();
+    if (resp->status == 404) return Gone();
+    if (resp->status / 100 != 2)
+      return daytona::HttpError("refresh activity", resp->status, resp->body);
+    return absl::OkStatus();
+  }
+
+  DaytonaProvider* const provider_;
+  const std::string id_;
+  const std::string toolbox_;  // toolboxProxyUrl + "/" + id
+  const Language language_;
+  const std::map<std::string, std::string> env_;
+
+  absl::Mutex mu_;
+  bool destroyed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time last_activity_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<DaytonaConfig> ParseDaytonaConfig(const nlohmann::json& json,
+                                                 int64_t broker_idle_timeout_seconds) {
+  DaytonaConfig c;
+  ConfigReader r(json, "providers.daytona");
+  const char* env_key = getenv("DAYTONA_API_KEY");
+  c.api_key = r.String("api_key", env_key ? env_key : "");
+  c.api_url = r.String("api_url", c.api_url, false);
+  c.target = r.String("target", "");
+  c.snapshot = r.String("snapshot", "");
+  c.organization_id = r.String("organization_id", "");
+  c.workspace = r.String("workspace", "");
+  c.request_timeout_seconds = r.Int("request_timeout_seconds", 60, 1, 3600);
+  c.create_timeout_seconds = r.Int("create_timeout_seconds", 60, 1, 3600);
+  c.auto_stop_minutes =
+      r.Int("auto_stop_minutes", (broker_idle_timeout_seconds + 60 + 59) / 60, 1, 100000);
+  c.auto_delete_minutes = r.Int("auto_delete_minutes", 0, 0, 100000);
+  RETURN_IF_ERROR(r.Finish());
+  while (!c.api_url.empty() && c.api_url.back() == '/') c.api_url.pop_back();
+  if (c.api_key.empty()) {
+    return absl::FailedPreconditionError(
+        "daytona: missing API key (set providers.daytona.api_key or DAYTONA_API_KEY)");
+  }
+  return c;
+}
+
+DaytonaProvider::DaytonaProvider(DaytonaConfig config)
+    : config_(std::move(config)),
+      http_(std::make_shared<HttpClient>(absl::StrCat(kSource, "/", kSdkVersion))) {}
+
+absl::StatusOr<std::unique_ptr<DaytonaProvider>> DaytonaProvider::Create(DaytonaConfig config) {
+  if (config.api_key.empty()) return absl::FailedPreconditionError("daytona: missing API key");
+  return std::unique_ptr<DaytonaProvider>(new DaytonaProvider(std::move(config)));
+}
+
+absl::StatusOr<HttpResponse> DaytonaProvider::Send(HttpRequest request) {
+  request.headers.push_back({"Authorization", absl::StrCat("Bearer ", config_.api_key)});
+  request.headers.push_back({"X-Daytona-Source", kSource});
+  request.headers.push_back({"X-Daytona-SDK-Version", kSdkVersion});
+  if (!config_.organization_id.empty()) {
+    request.headers.push_back({"X-Daytona-Organization-ID", config_.organization_id});
+  }
+  for (int attempt = 0;; ++attempt) {
+    absl::StatusOr<HttpResponse> r = http_->Send(request);
+    // Like the SDK: only failures before the request reached the server are
+    // retried, at most twice, 250 ms x attempt apart.
+    if (r.ok() || !IsConnectFailure(r.status()) || attempt >= 2) return r;
+    absl::SleepFor(absl::Milliseconds(250 * (attempt + 1)));
+  }
+}
+
+absl::StatusOr<HttpResponse> DaytonaProvider::Api(const std::string& method,
+                                                  const std::string& path,
+                                                  const std::string& body) {
+  HttpRequest http;
+  http.method = method;
+  http.url = absl::StrCat(config_.api_url, path);
+  http.headers = {{"Accept", "application/json"}};
+  if (!body.empty()) http.headers.push_back({"Content-Type", "application/json"});
+  http.body = body;
+  http.timeout = absl::Seconds(config_.request_timeout_seconds);
+  return Send(std::move(http));
+}
+
+absl::Status DaytonaProvider::DeleteSandbox(const std::string& id) {
+  auto resp = Api("DELETE", absl::StrCat("/sandbox/", id), "");
+  if (!resp.ok()) return resp.status();
+  if (resp->status / 100 == 2 || resp->status == 404) return absl::OkStatus();
+  return daytona::HttpError("delete sandbox", resp->status, resp->body);
+}
+
+absl::StatusOr<std::unique_ptr<Sandbox>> DaytonaProvider::Create(const SandboxSpec& spec) {
+  daytona::CreateParams p;
+  p.snapshot = spec.template_name.empty() ? config_.snapshot : spec.template_name;
+  p.target = config_.target;
+  p.env = spec.env;
+  p.labels = spec.labels;
+  p.labels["sandbox-broker.tenant"] = spec.tenant;
+  p.labels["sandbox-broker.session-id"] = spec.session_id;
+  p.labels["sandbox-broker.instance-id"] = spec.broker_instance_id;
+  p.labels[daytona::kLanguageLabel] = LanguageLabel(spec.language);
+  if (!config_.workspace.empty()) {
+    p.name = absl::StrCat(config_.workspace, "-", spec.session_id, "-", RandomHex(3));
+  }
+  p.auto_stop_minutes = config_.auto_stop_minutes;
+  p.auto_delete_minutes = config_.auto_delete_minutes;
+  Clock* clock = Clock::Real();
+  const absl::Time deadline = clock->Monotonic() + absl::Seconds(config_.create_timeout_seconds);
+  ASSIGN_OR_RETURN(HttpResponse resp, Api("POST", "/sandbox", daytona::CreateSandboxBody(p)));
+  if (resp.status / 100 != 2) return daytona::HttpError("create sandbox", resp.status, resp.body);
+  ASSIGN_OR_RETURN(daytona::SandboxDto dto, daytona::ParseSandbox(resp.body));
+
+  // Wait for "started": poll with backoff (100 ms, x1.1, at most 1 s). On
+  // any failure the half-made sandbox is deleted: nothing is left behind.
+  absl::Duration every = absl::Milliseconds(100);
+  while (dto.state != "started") {
+    if (dto.state == "error" || dto.state == "build_failed") {
+      (void)DeleteSandbox(dto.id);
+      return absl::FailedPreconditionError(
+          absl::StrCat("daytona: sandbox ", dto.id, " failed to start: ", dto.state,
+                       dto.error_reason.empty() ? "" : absl::StrCat(": ", dto.error_reason)));
+    }
+    if (clock->Monotonic() + every > deadline) {
+      (void)DeleteSandbox(dto.id);
+      return absl::DeadlineExceededError(
+          absl::StrCat("daytona: sandbox ", dto.id, " did not start within ",
+                       config_.create_timeout_seconds, " s (state ", dto.state, ")"));
+    }
+    absl::SleepFor(every);
+    every = std::min(every * 1.1, absl::Seconds(1));
+    auto got = Api("GET", absl::StrCat("/sandbox/", dto.id), "");
+    if (!got.ok()) continue;  // transient; the deadline bounds it
+    if (got->status / 100 != 2) {
+      (void)DeleteSandbox(dto.id);
+      return daytona::HttpError("wait for sandbox", got->status, got->body);
+    }
+    auto parsed = daytona::ParseSandbox(got->body);
+    if (parsed.ok()) dto = std::move(*parsed);
+  }
+  std::string proxy = dto.toolbox_proxy_url;
+  if (proxy.empty()) {  // SDK >= 0.199 falls back to this call
+    auto r = Api("GET", absl::StrCat("/sandbox/", dto.id, "/toolbox-proxy-url"), "");
+    if (r.ok() && r->status == 200) {
+      nlohmann::json j = nlohmann::json::parse(r->body, nullptr, false);
+      if (!j.is_discarded() && j.is_object() && j.contains("url") && j["url"].is_string()) {
+        proxy = j["url"].get<std::string>();
+      }
+    }
+    if (proxy.empty()) {
+      (void)DeleteSandbox(dto.id);
+      return absl::UnavailableError("daytona: no toolbox proxy URL for the sandbox");
+    }
+  }
+  std::string toolbox = absl::StrCat(proxy, absl::EndsWith(proxy, "/") ? "" : "/", dto.id);
+  return std::unique_ptr<Sandbox>(
+      new DaytonaSandbox(this, dto.id, std::move(toolbox), spec.language, spec));
+}
+
+}  // namespace sandbox

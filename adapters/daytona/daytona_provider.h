@@ -1,0 +1,69 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "adapters/api/provider.h"
+#include "adapters/http/http_client.h"
+#include "nlohmann/json.hpp"
+
+namespace sandbox {
+
+// Settings of the Daytona provider (config key providers.daytona).
+struct DaytonaConfig {
+  std::string api_key;                                 // default: $DAYTONA_API_KEY
+  std::string api_url = "https://app.daytona.io/api";  // self-hosted: yours (the seeds' baseURL)
+  std::string target;                                  // region; empty = the server's default
+  std::string snapshot;                                // empty = the server's default
+  std::string organization_id;  // JWT mode: sent as X-Daytona-Organization-ID
+  // The seeds' `workspace`: a sandbox name prefix; names become
+  // <workspace>-<session id>-<random>. Empty = Daytona names it by id.
+  std::string workspace;
+  int64_t request_timeout_seconds = 60;
+  int64_t create_timeout_seconds = 60;  // create + wait for "started"
+  // Dead-man's switch: Daytona stops a sandbox idle this long (minutes) and
+  // deletes it when stopped. Default: the broker's idle timeout + 1 minute,
+  // rounded up; delete at once on stop.
+  int64_t auto_stop_minutes = 0;
+  int64_t auto_delete_minutes = 0;
+};
+
+// Reads providers.daytona. INVALID_ARGUMENT naming the key for bad values;
+// FAILED_PRECONDITION "daytona: missing API key" when there is none.
+absl::StatusOr<DaytonaConfig> ParseDaytonaConfig(const nlohmann::json& json,
+                                                 int64_t broker_idle_timeout_seconds);
+
+// Sandboxes on Daytona (hosted or self-hosted), over its REST API and the
+// toolbox proxy exactly as the official SDK drives them. A sandbox's code
+// language is fixed at creation (from the session's language). One shared
+// HttpClient; each sandbox is owned by one session.
+//
+// Thread-safe.
+class DaytonaProvider final : public Provider {
+ public:
+  static absl::StatusOr<std::unique_ptr<DaytonaProvider>> Create(DaytonaConfig config);
+
+  absl::string_view name() const override { return "daytona"; }
+  absl::StatusOr<std::unique_ptr<Sandbox>> Create(const SandboxSpec& spec) override;
+
+  const DaytonaConfig& config() const { return config_; }
+  HttpClient* http() { return http_.get(); }
+
+  // A request with Daytona's headers; connection-phase failures are
+  // retried (at most twice, with backoff) like the SDK.
+  absl::StatusOr<HttpResponse> Send(HttpRequest request);
+  // An API request: `path` is relative to api_url.
+  absl::StatusOr<HttpResponse> Api(const std::string& method, const std::string& path,
+                                   const std::string& body);
+
+ private:
+  explicit DaytonaProvider(DaytonaConfig config);
+  absl::Status DeleteSandbox(const std::string& id);
+
+  const DaytonaConfig config_;
+  std::shared_ptr<HttpClient> http_;
+};
+
+}  // namespace sandbox

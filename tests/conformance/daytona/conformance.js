@@ -1,0 +1,120 @@
+#!/usr/bin/env node
+// The official Daytona SDK (@daytonaio/sdk, pinned in package-lock.json)
+// against our fake Daytona server: every scenario must behave as it does
+// against Daytona itself.
+//   node conformance.js /path/to/fake-daytona
+// Prints one line per check and "N passed, N failed"; exits 1 on a failure.
+'use strict';
+
+const { spawn } = require('child_process');
+const readline = require('readline');
+const sdk = require('@daytonaio/sdk');
+const { Daytona } = sdk;
+
+let passed = 0;
+let failed = 0;
+function check(name, ok, detail) {
+  if (ok) {
+    passed++;
+    console.log(`ok   ${name}`);
+  } else {
+    failed++;
+    console.log(`FAIL ${name}${detail === undefined ? '' : ': ' + JSON.stringify(detail)}`);
+  }
+}
+async function expectError(name, fn, cls, extra) {
+  try {
+    const v = await fn();
+    check(name, false, { resolved: v });
+  } catch (e) {
+    const ok = e instanceof cls && (!extra || extra(e));
+    check(name, ok, ok ? undefined : { class: e.constructor.name, message: e.message, statusCode: e.statusCode });
+  }
+}
+
+function startFake(binary) {
+  return new Promise((resolve, reject) => {
+    const child = spawn(binary, ['--port', '0', '--api-key', 'dtn_conformance_key'], {
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
+    child.on('error', reject);
+    readline.createInterface({ input: child.stdout }).once('line', (line) => {
+      const m = /^listening on (127\.0\.0\.1:\d+)$/.exec(line);
+      if (!m) reject(new Error(`unexpected first line: ${line}`));
+      else resolve({ child, apiUrl: `http://${m[1]}/api` });
+    });
+  });
+}
+
+async function main() {
+  const binary = process.argv[2];
+  if (!binary) throw new Error('usage: conformance.js FAKE_DAYTONA_BINARY');
+  const { child, apiUrl } = await startFake(binary);
+  const daytona = new Daytona({ apiKey: 'dtn_conformance_key', apiUrl, target: 'us' });
+  const created = [];
+  try {
+    await expectError('a wrong key -> DaytonaAuthenticationError',
+      () => new Daytona({ apiKey: 'dtn_wrong', apiUrl, target: 'us' }).create(), sdk.DaytonaAuthenticationError);
+
+    const py = await daytona.create({ language: 'python', envVars: { FOO: 'bar' }, labels: { team: 'cpp' } });
+    created.push(py);
+    check('create (python) is started', py.state === 'started' && typeof py.id === 'string', py.state);
+    const run = await py.process.codeRun('print(6 * 7)');
+    check('codeRun python', run.exitCode === 0 && run.result === '42\n', run);
+    const env = await py.process.codeRun('import os; print(os.environ["FOO"], os.environ.get("X"))', { env: { X: 'y' } });
+    check('codeRun env (create and call)', env.result === 'bar y\n', env);
+
+    const hi = await py.process.executeCommand('echo hi');
+    check('executeCommand success', hi.exitCode === 0 && hi.result === 'hi\n', hi);
+    const bad = await py.process.executeCommand('echo out; echo err >&2; exit 3');
+    check('nonzero exit is a result, not an error', bad.exitCode === 3 && bad.result === 'out\nerr\n', bad);
+    const cwd = await py.process.executeCommand('pwd; echo $FOO $A', '/tmp', { A: '1' });
+    check('executeCommand cwd and env', cwd.result === '/tmp\nbar 1\n', cwd);
+    const who = await py.process.executeCommand('whoami; pwd');
+    check('default user and cwd look like Daytona', who.result === 'daytona\n/home/daytona\n', who);
+    await expectError('timeout -> DaytonaTimeoutError',
+      () => py.process.executeCommand('sleep 100', undefined, undefined, 1), sdk.DaytonaTimeoutError);
+
+    await py.fs.uploadFile(Buffer.from('hello world\n'), '/home/daytona/hello.txt');
+    const text = await py.fs.downloadFile('/home/daytona/hello.txt');
+    check('upload and download text', Buffer.isBuffer(text) && text.toString() === 'hello world\n', String(text));
+    const bytes = Buffer.from([0, 1, 2, 253, 254, 255, 13, 10]);
+    await py.fs.uploadFile(bytes, '/tmp/b.bin');
+    const back = await py.fs.downloadFile('/tmp/b.bin');
+    check('binary round trip', Buffer.from(back).equals(bytes), Array.from(back));
+    await py.fs.uploadFile(Buffer.alloc(0), '/home/daytona/empty.txt');
+    check('empty file', (await py.fs.downloadFile('/home/daytona/empty.txt')).length === 0);
+    const seen = await py.process.executeCommand('wc -c < /tmp/b.bin; cat hello.txt');
+    check('uploaded files are visible to commands', seen.result === '8\nhello world\n', seen);
+    await expectError('download of a missing file -> not found',
+      () => py.fs.downloadFile('/home/daytona/missing.txt'), sdk.DaytonaNotFoundError,
+      (e) => e.statusCode === 404);
+
+    const js = await daytona.create({ language: 'javascript' });
+    created.push(js);
+    const jr = await js.process.codeRun('console.log(6 * 7)');
+    check('codeRun javascript', jr.exitCode === 0 && jr.result === '42\n', jr);
+    const ts = await daytona.create({ language: 'typescript' });
+    created.push(ts);
+    const tr = await ts.process.codeRun('const x: number = 1; console.log(x + 1)'.replace(': number', ''));
+    check('codeRun typescript (plain JS subset)', tr.exitCode === 0 && tr.result === '2\n', tr);
+
+    const got = await daytona.get(py.id);
+    check('get', got.id === py.id && got.labels['code-toolbox-language'] === 'python' && got.labels.team === 'cpp', got.labels);
+    const items = [];
+    for await (const s of daytona.list({ labels: { team: 'cpp' } })) items.push(s);
+    check('list filters by labels', items.length === 1 && items[0].id === py.id, items.map((s) => s.id));
+    await expectError('get of an unknown sandbox -> DaytonaNotFoundError',
+      () => daytona.get('does-not-exist'), sdk.DaytonaNotFoundError);
+
+    for (const s of created.splice(0)) await daytona.delete(s);
+    await expectError('a deleted sandbox is gone', () => daytona.get(py.id), sdk.DaytonaNotFoundError);
+  } finally {
+    for (const s of created) await daytona.delete(s).catch(() => {});
+    child.kill('SIGTERM');
+  }
+  console.log(`${passed} passed, ${failed} failed`);
+  return failed ? 1 : 0;
+}
+
+main().then((code) => process.exit(code), (e) => { console.error(e); process.exit(1); });
