@@ -68,7 +68,7 @@ class E2BSandbox final : public Sandbox {
       RETURN_IF_ERROR(Upload(file, request.code, "run"));
       switch (request.language) {
         case Language::kPython:
-          command = absl::StrCat("exec 0<", file, "; rm -f ", file, "; exec python3 -");
+          command = absl::StrCat("exec 0<", file, "; rm -f ", file, "; exec python3 -u -");
           break;
         case Language::kNode:
           command = absl::StrCat("exec 0<", file, "; rm -f ", file, "; exec node -");

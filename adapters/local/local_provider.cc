@@ -121,7 +121,7 @@ class LocalSandbox final : public Sandbox {
     } else
       switch (request.language) {
         case Language::kPython:
-          cmd = {"python3", "-"};
+          cmd = {"python3", "-u", "-"};  // unbuffered: output keeps program order
           p.stdin_data = request.code;
           break;
         case Language::kNode:

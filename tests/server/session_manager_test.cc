@@ -60,16 +60,17 @@ TEST_F(SessionManagerTest, WithoutCreateAMissingSessionIsNotFound) {
 TEST_F(SessionManagerTest, ConcurrentFirstCallsCreateExactlyOneSandbox) {
   absl::Notification gate;
   fake_->set_create_gate(&gate);
+  SessionManager& m = manager();  // built before the threads share it
   std::vector<std::thread> threads;
   std::vector<std::string> ids(16);
   for (int i = 0; i < 16; ++i) {
     threads.emplace_back([&, i] {
-      auto l = manager().Acquire("t", "s", &create_);
+      auto l = m.Acquire("t", "s", &create_);
       ids[i] = l.ok() ? l->sandbox()->id() : "error";
     });
   }
   // Let every thread reach the table before the one creation completes.
-  while (manager().Get("t", "s").ok() == false) std::this_thread::yield();
+  while (!m.Get("t", "s").ok()) std::this_thread::yield();
   gate.Notify();
   for (auto& t : threads) t.join();
   EXPECT_EQ(creates(), 1);
@@ -200,7 +201,7 @@ TEST_F(SessionManagerTest, CloseIsIdempotentAndDestroysOnce) {
 TEST_F(SessionManagerTest, CloseWaitsForInFlightCalls) {
   auto gate = std::make_shared<absl::Notification>();
   fake_->set_exec_gate(gate);
-  auto lease = manager().Acquire("t", "s", &create_);
+  auto lease = manager().Acquire("t", "s", &create_);  // builds the manager first
   ASSERT_TRUE(lease.ok());
   Sandbox* sb = lease->sandbox();
   std::atomic<bool> call_done{false};
