@@ -115,6 +115,7 @@ absl::StatusOr<std::string> DecodeBase64Strict(absl::string_view in) {
 
 absl::Status BrokerCore::DropIfGone(const CallContext& ctx, const std::string& session_id,
                                     Lease lease, absl::Status status) {
+  if (metrics_) metrics_->ProviderError(lease.provider(), absl::StatusCodeToString(status.code()));
   if (IsSandboxGone(status)) {
     // The provider lost the sandbox: forget the session so the next call
     // creates a new one. Our own lease must go first (Close waits for it).
@@ -125,8 +126,12 @@ absl::Status BrokerCore::DropIfGone(const CallContext& ctx, const std::string& s
 }
 
 BrokerCore::BrokerCore(const BrokerConfig& config, const ProviderRegistry* providers,
-                       SessionManager* sessions, Clock* clock)
-    : config_(config), providers_(providers), sessions_(sessions), clock_(clock) {}
+                       SessionManager* sessions, Clock* clock, Metrics* metrics)
+    : config_(config),
+      providers_(providers),
+      sessions_(sessions),
+      clock_(clock),
+      metrics_(metrics) {}
 
 absl::StatusOr<CreateOptions> BrokerCore::ToCreateOptions(const pb::SessionSpec& spec) const {
   CreateOptions o;
@@ -239,6 +244,7 @@ absl::StatusOr<pb::RunResult> BrokerCore::Exec(
   RETURN_IF_ERROR(ValidateEnv(env, "env"));
   ASSIGN_OR_RETURN(CreateOptions o, ToCreateOptions(spec));
   ASSIGN_OR_RETURN(Lease lease, sessions_->Acquire(ctx.tenant, session_id, &o));
+  if (ctx.provider) *ctx.provider = lease.provider();
 
   ExecRequest er;
   er.language = language_given ? language : lease.language();
@@ -253,6 +259,7 @@ absl::StatusOr<pb::RunResult> BrokerCore::Exec(
   absl::StatusOr<ExecResult> exec = lease.sandbox()->Exec(er);
   if (!exec.ok()) return DropIfGone(ctx, session_id, std::move(lease), exec.status());
   ExecResult& r = *exec;
+  if (metrics_) metrics_->RunFinished(lease.provider(), r.output.size(), r.timed_out);
   pb::RunResult out;
   out.set_output(RepairUtf8(r.output));
   out.set_exit_code(r.exit_code);
@@ -282,6 +289,7 @@ absl::StatusOr<pb::WriteFileResponse> BrokerCore::WriteFile(const CallContext& c
   ASSIGN_OR_RETURN(std::string data, Decode(req.contents(), req.encoding(), "contents"));
   ASSIGN_OR_RETURN(CreateOptions o, ToCreateOptions(req.spec()));
   ASSIGN_OR_RETURN(Lease lease, sessions_->Acquire(ctx.tenant, req.session_id(), &o));
+  if (ctx.provider) *ctx.provider = lease.provider();
   if (absl::Status s = lease.sandbox()->WriteFile(req.path(), data); !s.ok()) {
     return DropIfGone(ctx, req.session_id(), std::move(lease), s);
   }
@@ -300,6 +308,7 @@ absl::StatusOr<pb::ReadFileResponse> BrokerCore::ReadFile(const CallContext& ctx
   }
   ASSIGN_OR_RETURN(CreateOptions o, ToCreateOptions(req.spec()));
   ASSIGN_OR_RETURN(Lease lease, sessions_->Acquire(ctx.tenant, req.session_id(), &o));
+  if (ctx.provider) *ctx.provider = lease.provider();
   absl::StatusOr<std::optional<std::string>> read = lease.sandbox()->ReadFile(req.path());
   if (!read.ok()) return DropIfGone(ctx, req.session_id(), std::move(lease), read.status());
   std::optional<std::string>& data = *read;

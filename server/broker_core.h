@@ -18,6 +18,8 @@ struct CallContext {
   std::string tenant;
   // True once the client has gone away or its deadline passed.
   std::function<bool()> cancelled;
+  // If set, receives the provider of the session the call used.
+  std::string* provider = nullptr;
 };
 
 // The broker's API without a transport: validates requests, maps them to
@@ -27,8 +29,9 @@ struct CallContext {
 // Thread-safe.
 class BrokerCore {
  public:
+  // `metrics` may be null.
   BrokerCore(const BrokerConfig& config, const ProviderRegistry* providers,
-             SessionManager* sessions, Clock* clock);
+             SessionManager* sessions, Clock* clock, Metrics* metrics = nullptr);
 
   absl::StatusOr<pb::SessionInfo> StartSession(const CallContext& ctx,
                                                const pb::StartSessionRequest& req);
@@ -74,6 +77,7 @@ class BrokerCore {
   const ProviderRegistry* const providers_;
   SessionManager* const sessions_;
   Clock* const clock_;
+  Metrics* const metrics_;
 };
 
 // 1-128 characters of [A-Za-z0-9._:-].

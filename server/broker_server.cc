@@ -1,8 +1,14 @@
 #include "server/broker_server.h"
 
+#include <fstream>
+#include <sstream>
+
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 #include "common/text.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
@@ -26,16 +32,54 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
   limits.max_sessions_per_tenant = config.max_sessions_per_tenant;
   limits.close_wait = absl::Seconds(config.close_wait_seconds);
   const std::string instance_id = absl::StrCat("broker-", RandomHex(6));
-  s->sessions_ = std::make_unique<SessionManager>(s->providers_.get(), s->clock_, limits,
-                                                  config.default_provider, instance_id);
+  s->metrics_ = std::make_unique<Metrics>();
+  s->sessions_ =
+      std::make_unique<SessionManager>(s->providers_.get(), s->clock_, limits,
+                                       config.default_provider, instance_id, s->metrics_.get());
   s->auth_ = std::make_unique<Authenticator>(config.tokens);
-  s->core_ =
-      std::make_unique<BrokerCore>(config, s->providers_.get(), s->sessions_.get(), s->clock_);
-  s->service_ = std::make_unique<BrokerService>(s->core_.get(), s->auth_.get(), s->clock_);
+  s->core_ = std::make_unique<BrokerCore>(config, s->providers_.get(), s->sessions_.get(),
+                                          s->clock_, s->metrics_.get());
+  s->service_ =
+      std::make_unique<BrokerService>(s->core_.get(), s->auth_.get(), s->clock_, s->metrics_.get());
 
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (!config.tls_cert_file.empty()) {
+    auto read = [](const std::string& path, const char* what) -> absl::StatusOr<std::string> {
+      std::ifstream in(path, std::ios::binary);
+      if (!in) return absl::InvalidArgumentError(absl::StrCat(what, ": cannot read ", path));
+      std::stringstream ss;
+      ss << in.rdbuf();
+      return ss.str();
+    };
+    grpc::SslServerCredentialsOptions ssl(
+        config.tls_client_ca_file.empty()
+            ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+            : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    ASSIGN_OR_RETURN(std::string cert, read(config.tls_cert_file, "tls.cert_file"));
+    ASSIGN_OR_RETURN(std::string key, read(config.tls_key_file, "tls.key_file"));
+    ssl.pem_key_cert_pairs.push_back({key, cert});
+    if (!config.tls_client_ca_file.empty()) {
+      ASSIGN_OR_RETURN(ssl.pem_root_certs, read(config.tls_client_ca_file, "tls.client_ca_file"));
+    }
+    creds = grpc::SslServerCredentials(ssl);
+  }
+  if (!config.admin_listen.empty()) {
+    try {  // prometheus-cpp (civetweb) reports a bad address by throwing
+      s->exposer_ = std::make_unique<prometheus::Exposer>(config.admin_listen);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("admin_listen: cannot listen on ", config.admin_listen));
+    }
+    s->exposer_->RegisterCollectable(s->metrics_->registry());
+    auto ports = s->exposer_->GetListeningPorts();
+    s->admin_port_ = ports.empty() ? 0 : ports[0];
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  if (config.reflection) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(config.listen, creds, &port);
   builder.RegisterService(s->service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_bytes));
@@ -48,6 +92,7 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
   }
   s->port_ = port;
   s->host_ = config.listen.substr(0, config.listen.rfind(':'));
+  s->SetHealth(true);
   if (options.reaper_thread) {
     BrokerServer* self = s.get();
     s->reaper_ = std::thread([self] {
@@ -60,7 +105,9 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
   Log(LogLevel::kInfo, "broker.serving",
       {{"address", s->address()},
        {"default_provider", config.default_provider},
-       {"instance_id", instance_id}});
+       {"instance_id", instance_id},
+       {"tls", !config.tls_cert_file.empty()},
+       {"admin_port", s->admin_port_}});
   if (s->auth_->open()) {
     Log(LogLevel::kWarning, "broker.no_auth",
         {{"message", "no auth tokens configured: every caller is tenant \"default\""}});
@@ -69,6 +116,42 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
 }
 
 std::string BrokerServer::address() const { return absl::StrCat(host_, ":", port_); }
+
+void BrokerServer::SetHealth(bool serving) {
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  if (health == nullptr) return;
+  health->SetServingStatus(serving);  // every service, "" included
+  // Per provider: "sandboxbroker.v1.SandboxBroker/<provider>".
+  for (const auto& name : providers_->Names()) {
+    health->SetServingStatus(absl::StrCat(pb::SandboxBroker::service_full_name(), "/", name),
+                             serving);
+  }
+  for (const auto& name : providers_->UnavailableNames()) {
+    health->SetServingStatus(absl::StrCat(pb::SandboxBroker::service_full_name(), "/", name),
+                             false);
+  }
+}
+
+void BrokerServer::Drain() {
+  Log(LogLevel::kInfo, "broker.draining",
+      {{"grace_seconds", config_.drain_grace_seconds},
+       {"calls_in_flight", service_->calls_in_flight()}});
+  SetHealth(false);
+  service_->StartDraining();
+  const bool idle = service_->WaitForIdle(absl::Seconds(config_.drain_grace_seconds));
+  if (!idle) {
+    Log(LogLevel::kWarning, "broker.drain_grace_expired",
+        {{"calls_in_flight", service_->calls_in_flight()}});
+  }
+  if (config_.drain_close_sandboxes) {
+    sessions_->CloseAll();
+  } else {
+    Log(LogLevel::kInfo, "broker.sandboxes_left",
+        {{"sessions", sessions_->size()},
+         {"message", "left to their provider-side timeouts (drain_close_sandboxes is false)"}});
+  }
+  Shutdown(absl::ZeroDuration());
+}
 
 void BrokerServer::Shutdown(absl::Duration grace) {
   {
@@ -80,7 +163,7 @@ void BrokerServer::Shutdown(absl::Duration grace) {
   if (reaper_.joinable()) reaper_.join();
   // Calls still running at the deadline are cancelled; their runs see it.
   server_->Shutdown(absl::ToChronoTime(Clock::Real()->Now() + grace));
-  sessions_->CloseAll();
+  if (config_.drain_close_sandboxes) sessions_->CloseAll();
   Log(LogLevel::kInfo, "broker.stopped", {});
 }
 

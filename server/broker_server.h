@@ -8,10 +8,12 @@
 #include "absl/synchronization/notification.h"
 #include "adapters/api/registry.h"
 #include "grpcpp/server.h"
+#include "prometheus/exposer.h"
 #include "server/auth.h"
 #include "server/broker_core.h"
 #include "server/config.h"
 #include "server/grpc_service.h"
+#include "server/metrics.h"
 #include "server/session_manager.h"
 
 namespace sandbox {
@@ -36,6 +38,14 @@ class BrokerServer {
 
   // The bound port (useful with port 0).
   int port() const { return port_; }
+  // The /metrics port, or 0 without admin_listen.
+  int admin_port() const { return admin_port_; }
+  Metrics* metrics() { return metrics_.get(); }
+
+  // Graceful drain (SIGTERM): health goes NOT_SERVING and new calls get
+  // UNAVAILABLE at once; running calls get up to drain_grace_seconds; then
+  // live sandboxes are closed (drain_close_sandboxes) and the server stops.
+  void Drain();
   std::string address() const;
   SessionManager* sessions() { return sessions_.get(); }
 
@@ -47,6 +57,7 @@ class BrokerServer {
 
  private:
   BrokerServer() = default;
+  void SetHealth(bool serving);
 
   BrokerConfig config_;
   Clock* clock_ = nullptr;
@@ -55,8 +66,11 @@ class BrokerServer {
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<BrokerCore> core_;
   std::unique_ptr<BrokerService> service_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  int admin_port_ = 0;
   std::string host_;
   absl::Notification stop_reaper_;
   std::thread reaper_;

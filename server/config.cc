@@ -64,6 +64,23 @@ absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text) {
   c.max_message_bytes = r.Int("max_message_bytes", c.max_message_bytes, 4096, int64_t{1} << 30);
   c.close_wait_seconds = r.Int("close_wait_seconds", c.close_wait_seconds, 0, kDay);
   c.max_threads = r.Int("max_threads", c.max_threads, 4, 100000);
+  c.reflection = r.Bool("reflection", c.reflection);
+  c.admin_listen = r.String("admin_listen", c.admin_listen);
+  c.drain_grace_seconds = r.Int("drain_grace_seconds", c.drain_grace_seconds, 0, kDay);
+  c.drain_close_sandboxes = r.Bool("drain_close_sandboxes", c.drain_close_sandboxes);
+  {
+    ConfigReader tls(r.Object("tls"), "tls");
+    c.tls_cert_file = tls.String("cert_file", "");
+    c.tls_key_file = tls.String("key_file", "");
+    c.tls_client_ca_file = tls.String("client_ca_file", "");
+    RETURN_IF_ERROR(tls.Finish());
+    if (c.tls_cert_file.empty() != c.tls_key_file.empty()) {
+      return absl::InvalidArgumentError("tls: cert_file and key_file go together");
+    }
+    if (!c.tls_client_ca_file.empty() && c.tls_cert_file.empty()) {
+      return absl::InvalidArgumentError("tls.client_ca_file: needs cert_file and key_file");
+    }
+  }
   c.log_format = r.Enum("log_format", c.log_format, {"text", "json"});
   c.log_level = r.Enum("log_level", c.log_level, {"debug", "info", "warning", "error"});
   {

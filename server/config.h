@@ -28,6 +28,19 @@ struct BrokerConfig {
   int64_t close_wait_seconds = 10;
   // Threads serving calls (each running call holds one).
   int64_t max_threads = 256;
+  // Serve grpc.reflection (grpcurl-style tools can list and call the API).
+  bool reflection = true;
+  // Prometheus /metrics listener (host:port; port 0 picks one); "" = off.
+  std::string admin_listen;
+  // On SIGTERM/SIGINT: how long running calls may finish, and whether every
+  // live sandbox is then closed (else left to the provider-side timeout).
+  int64_t drain_grace_seconds = 30;
+  bool drain_close_sandboxes = true;
+  // TLS for the gRPC listener; off when cert_file is empty. With
+  // client_ca_file, clients must present a certificate it signed.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
   std::string log_format = "text";  // text | json
   std::string log_level = "info";   // debug | info | warning | error
   // Bearer token -> tenant. Empty: one tenant, "default", no auth.

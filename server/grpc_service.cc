@@ -1,6 +1,7 @@
 #include "server/grpc_service.h"
 
 #include "common/log.h"
+#include "common/text.h"
 
 namespace sandbox {
 
@@ -10,13 +11,63 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
-BrokerService::BrokerService(BrokerCore* core, const Authenticator* auth, Clock* clock)
-    : core_(core), auth_(auth), clock_(clock) {}
+BrokerService::BrokerService(BrokerCore* core, const Authenticator* auth, Clock* clock,
+                             Metrics* metrics)
+    : core_(core), auth_(auth), clock_(clock), metrics_(metrics) {}
+
+void BrokerService::StartDraining() {
+  absl::MutexLock l(&mu_);
+  draining_ = true;
+}
+
+bool BrokerService::draining() const {
+  absl::MutexLock l(&mu_);
+  return draining_;
+}
+
+int BrokerService::calls_in_flight() const {
+  absl::MutexLock l(&mu_);
+  return in_flight_;
+}
+
+bool BrokerService::WaitForIdle(absl::Duration timeout) {
+  absl::MutexLock l(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; };
+  return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
+}
+
+namespace {
+// A caller's x-request-id if it is sane, else a fresh one.
+std::string RequestId(const grpc::ServerContext* ctx) {
+  auto it = ctx->client_metadata().find("x-request-id");
+  if (it != ctx->client_metadata().end() && it->second.size() >= 1 && it->second.size() <= 64) {
+    std::string id(it->second.data(), it->second.size());
+    bool ok = true;
+    for (char c : id)
+      ok = ok && (isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.');
+    if (ok) return id;
+  }
+  return RandomHex(8);
+}
+}  // namespace
 
 template <typename Resp, typename Fn>
 grpc::Status BrokerService::Handle(grpc::ServerContext* ctx, absl::string_view method,
                                    const std::string& session_id, Resp* resp, Fn&& fn) {
   const absl::Time start = clock_->Monotonic();
+  const std::string method_name(method);
+  const std::string request_id = RequestId(ctx);
+  ctx->AddInitialMetadata("x-request-id", request_id);
+  {
+    absl::MutexLock l(&mu_);
+    if (draining_) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "the broker is shutting down; retry on another instance");
+    }
+    ++in_flight_;
+  }
+  if (metrics_) metrics_->CallStarted(method_name);
+  std::string provider;
   const auto& md = ctx->client_metadata();
   auto it = md.find("authorization");
   absl::string_view value;
@@ -29,16 +80,26 @@ grpc::Status BrokerService::Handle(grpc::ServerContext* ctx, absl::string_view m
     CallContext cc;
     cc.tenant = *tenant;
     cc.cancelled = [ctx] { return ctx->IsCancelled(); };
+    cc.provider = &provider;
     auto r = fn(cc);
     status = r.status();
     if (r.ok()) *resp = std::move(*r);
   }
+  const absl::Duration took = clock_->Monotonic() - start;
+  const std::string code = absl::StatusCodeToString(status.code());
   Log(status.ok() ? LogLevel::kInfo : LogLevel::kWarning, "rpc",
-      {{"method", method},
+      {{"request_id", request_id},
+       {"method", method},
        {"tenant", tenant.ok() ? *tenant : std::string("-")},
        {"session_id", session_id.size() <= 128 ? session_id : std::string("(invalid)")},
-       {"code", absl::StatusCodeToString(status.code())},
-       {"duration_ms", absl::ToInt64Milliseconds(clock_->Monotonic() - start)}});
+       {"provider", provider.empty() ? std::string("-") : provider},
+       {"code", code},
+       {"duration_ms", absl::ToInt64Milliseconds(took)}});
+  if (metrics_) metrics_->CallFinished(method_name, provider, code, took);
+  {
+    absl::MutexLock l(&mu_);
+    --in_flight_;
+  }
   return ToGrpcStatus(status);
 }
 

@@ -1,8 +1,10 @@
 #pragma once
 
+#include "absl/synchronization/mutex.h"
 #include "sandboxbroker/v1/broker.grpc.pb.h"
 #include "server/auth.h"
 #include "server/broker_core.h"
+#include "server/metrics.h"
 
 namespace sandbox {
 
@@ -13,7 +15,16 @@ namespace sandbox {
 // Thread-safe.
 class BrokerService final : public pb::SandboxBroker::Service {
  public:
-  BrokerService(BrokerCore* core, const Authenticator* auth, Clock* clock);
+  // `metrics` may be null.
+  BrokerService(BrokerCore* core, const Authenticator* auth, Clock* clock,
+                Metrics* metrics = nullptr);
+
+  // From now on new calls fail with UNAVAILABLE; calls already running go on.
+  void StartDraining();
+  bool draining() const;
+  // Waits until no call is running, at most `timeout`; true if none is.
+  bool WaitForIdle(absl::Duration timeout);
+  int calls_in_flight() const;
 
   grpc::Status StartSession(grpc::ServerContext* ctx, const pb::StartSessionRequest* req,
                             pb::SessionInfo* resp) override;
@@ -48,6 +59,11 @@ class BrokerService final : public pb::SandboxBroker::Service {
   BrokerCore* const core_;
   const Authenticator* const auth_;
   Clock* const clock_;
+  Metrics* const metrics_;
+
+  mutable absl::Mutex mu_;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 grpc::Status ToGrpcStatus(const absl::Status& s);

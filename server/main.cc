@@ -16,11 +16,14 @@
 namespace {
 
 constexpr char kUsage[] =
-    "usage: sandbox-brokerd [--config FILE] [--listen ADDR]\n"
+    "usage: sandbox-brokerd [--config FILE] [--listen ADDR] [--check-config]\n"
     "\n"
     "Serves the sandboxbroker.v1.SandboxBroker gRPC API.\n"
     "  --config FILE   JSON config (see README, Configuration)\n"
     "  --listen ADDR   overrides the config's listen address (host:port)\n"
+    "  --check-config  validate the config (and each provider's section), then exit\n"
+    "Signals: SIGTERM/SIGINT drain gracefully (drain_grace_seconds); a second one\n"
+    "forces the exit.\n"
     "With no config: the local provider on 127.0.0.1:50051.\n";
 
 int Fail(const std::string& msg) {
@@ -33,6 +36,7 @@ int Fail(const std::string& msg) {
 int main(int argc, char** argv) {
   using namespace sandbox;
   std::string config_path, listen;
+  bool check_only = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&](const char* flag) -> const char* {
@@ -48,6 +52,8 @@ int main(int argc, char** argv) {
       config_path = v;
     } else if (const char* v = value("--listen")) {
       listen = v;
+    } else if (a == "--check-config") {
+      check_only = true;
     } else {
       fputs(kUsage, stderr);
       return Fail("unknown argument: " + a);
@@ -58,6 +64,12 @@ int main(int argc, char** argv) {
       config_path.empty() ? ParseConfig("{}") : LoadConfigFile(config_path);
   if (!config.ok()) return Fail(std::string(config.status().message()));
   if (!listen.empty()) config->listen = listen;
+  if (check_only) {
+    absl::Status s = CheckProviderConfigs(*config);
+    if (!s.ok()) return Fail(std::string(s.message()));
+    printf("config ok\n");
+    return 0;
+  }
   SetLogJson(config->log_format == "json");
   SetLogLevel(config->log_level == "debug"     ? LogLevel::kDebug
               : config->log_level == "warning" ? LogLevel::kWarning
@@ -87,6 +99,7 @@ int main(int argc, char** argv) {
     sigwait(&sigs, &s2);
     _exit(1);
   }).detach();
-  (*server)->Shutdown(absl::Seconds(5));
+  (*server)->Drain();
+  Log(LogLevel::kInfo, "broker.exit", {});
   return 0;
 }

@@ -60,4 +60,28 @@ absl::StatusOr<std::unique_ptr<ProviderRegistry>> BuildProviders(const BrokerCon
   return registry;
 }
 
+absl::Status CheckProviderConfigs(const BrokerConfig& config) {
+  for (auto it = config.providers.begin(); it != config.providers.end(); ++it) {
+    const std::string& name = it.key();
+    absl::Status s;
+    if (name == "local") {
+      s = ParseLocalConfig(it.value()).status();
+    } else if (name == "e2b") {
+      s = ParseE2BConfig(it.value(), config.idle_timeout_seconds).status();
+    } else if (name == "daytona") {
+      s = ParseDaytonaConfig(it.value(), config.idle_timeout_seconds).status();
+    } else {
+      s = absl::InvalidArgumentError(
+          absl::StrCat("providers.", name, ": unknown provider (known: local, e2b, daytona)"));
+    }
+    if (!s.ok() && s.code() != absl::StatusCode::kFailedPrecondition) return s;
+  }
+  const std::string& d = config.default_provider;
+  if (d != "local" && !config.providers.contains(d)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("default_provider: \"", d, "\" has no providers.", d, " section"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace sandbox

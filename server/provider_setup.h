@@ -13,4 +13,9 @@ namespace sandbox {
 // provider that cannot is registered as unavailable with its reason.
 absl::StatusOr<std::unique_ptr<ProviderRegistry>> BuildProviders(const BrokerConfig& config);
 
+// Parses every provider section without creating anything (for
+// --check-config). A missing API key is not an error here: keys usually
+// come from the environment at run time.
+absl::Status CheckProviderConfigs(const BrokerConfig& config);
+
 }  // namespace sandbox

@@ -69,12 +69,13 @@ void Lease::Release() {
 
 SessionManager::SessionManager(const ProviderRegistry* providers, Clock* clock,
                                SessionLimits limits, std::string default_provider,
-                               std::string broker_instance_id)
+                               std::string broker_instance_id, Metrics* metrics)
     : providers_(providers),
       clock_(clock),
       limits_(limits),
       default_provider_(std::move(default_provider)),
-      instance_id_(std::move(broker_instance_id)) {}
+      instance_id_(std::move(broker_instance_id)),
+      metrics_(metrics) {}
 
 SessionManager::~SessionManager() { CloseAll(); }
 
@@ -236,6 +237,9 @@ absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Sessi
     --total_;
     s->gone = true;
     s->create_status = status;
+    if (metrics_) {
+      metrics_->SessionCreateFailed(s->provider, absl::StatusCodeToString(status.code()));
+    }
     Log(LogLevel::kWarning, "session.create_failed",
         {{"tenant", s->tenant},
          {"session_id", s->session_id},
@@ -252,6 +256,7 @@ absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Sessi
     s->lifetime_key = s->created_mono + limits_.max_lifetime;
     lifetime_.insert({s->lifetime_key, s.get()});
   }
+  if (metrics_) metrics_->SessionCreated(s->provider, s->tenant, clock_->Monotonic() - start);
   Log(LogLevel::kInfo, "session.created",
       {{"tenant", s->tenant},
        {"session_id", s->session_id},
@@ -272,6 +277,7 @@ void SessionManager::FinishClose(const std::shared_ptr<Session>& s,
   }
   --total_;
   s->gone = true;
+  if (metrics_) metrics_->SessionClosed(s->provider, s->tenant, CloseReasonName(reason));
   Log(st.ok() ? LogLevel::kInfo : LogLevel::kWarning, "session.closed",
       {{"tenant", s->tenant},
        {"session_id", s->session_id},

@@ -16,6 +16,7 @@
 #include "adapters/api/provider.h"
 #include "adapters/api/registry.h"
 #include "common/clock.h"
+#include "server/metrics.h"
 
 namespace sandbox {
 
@@ -96,8 +97,10 @@ class Lease {
 // Thread-safe.
 class SessionManager {
  public:
+  // `metrics` may be null.
   SessionManager(const ProviderRegistry* providers, Clock* clock, SessionLimits limits,
-                 std::string default_provider, std::string broker_instance_id);
+                 std::string default_provider, std::string broker_instance_id,
+                 Metrics* metrics = nullptr);
   ~SessionManager();
 
   // A lease on the session. When it has no sandbox and `create` is set, one
@@ -155,6 +158,7 @@ class SessionManager {
   const SessionLimits limits_;
   const std::string default_provider_;
   const std::string instance_id_;
+  Metrics* const metrics_;
 
   mutable absl::Mutex mu_;
   // tenant -> (session id -> session), ordered for paging.

@@ -46,3 +46,11 @@ std::vector<std::string> ProviderRegistry::Names() const {
 }
 
 }  // namespace sandbox
+
+namespace sandbox {
+std::vector<std::string> ProviderRegistry::UnavailableNames() const {
+  std::vector<std::string> out;
+  for (const auto& [name, reason] : unavailable_) out.push_back(name);
+  return out;
+}
+}  // namespace sandbox

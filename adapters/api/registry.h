@@ -26,6 +26,8 @@ class ProviderRegistry {
   absl::StatusOr<Provider*> Find(absl::string_view name) const;
   // Names of usable providers, sorted.
   std::vector<std::string> Names() const;
+  // Names of configured but unusable providers, sorted.
+  std::vector<std::string> UnavailableNames() const;
 
  private:
   std::map<std::string, std::unique_ptr<Provider>, std::less<>> providers_;

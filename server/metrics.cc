@@ -1,0 +1,100 @@
+#include "server/metrics.h"
+
+namespace sandbox {
+namespace {
+
+const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
+  static const auto* b = new prometheus::Histogram::BucketBoundaries{
+      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
+  return *b;
+}
+
+}  // namespace
+
+Metrics::Metrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      sessions_(prometheus::BuildGauge()
+                    .Name("sandbox_broker_sessions")
+                    .Help("Live sessions (each owns one provider sandbox)")
+                    .Register(*registry_)),
+      creates_(prometheus::BuildCounter()
+                   .Name("sandbox_broker_session_creates_total")
+                   .Help("Sandboxes created for sessions")
+                   .Register(*registry_)),
+      create_failures_(prometheus::BuildCounter()
+                           .Name("sandbox_broker_session_create_failures_total")
+                           .Help("Sandbox creations that failed, by status code")
+                           .Register(*registry_)),
+      closes_(prometheus::BuildCounter()
+                  .Name("sandbox_broker_session_closes_total")
+                  .Help("Sessions closed, by reason (client, idle, lifetime, shutdown, gone)")
+                  .Register(*registry_)),
+      create_seconds_(prometheus::BuildHistogram()
+                          .Name("sandbox_broker_session_create_duration_seconds")
+                          .Help("Time to create a session's sandbox")
+                          .Register(*registry_)),
+      calls_(prometheus::BuildCounter()
+                 .Name("sandbox_broker_calls_total")
+                 .Help("RPCs handled, by method and status code")
+                 .Register(*registry_)),
+      call_seconds_(prometheus::BuildHistogram()
+                        .Name("sandbox_broker_call_duration_seconds")
+                        .Help("RPC latency, by provider and method")
+                        .Register(*registry_)),
+      in_flight_(prometheus::BuildGauge()
+                     .Name("sandbox_broker_calls_in_flight")
+                     .Help("RPCs being handled now")
+                     .Register(*registry_)),
+      provider_errors_(prometheus::BuildCounter()
+                           .Name("sandbox_broker_provider_errors_total")
+                           .Help("Errors from providers, by status code")
+                           .Register(*registry_)),
+      output_bytes_(prometheus::BuildCounter()
+                        .Name("sandbox_broker_output_bytes_total")
+                        .Help("Bytes of run output returned")
+                        .Register(*registry_)),
+      timeouts_(prometheus::BuildCounter()
+                    .Name("sandbox_broker_run_timeouts_total")
+                    .Help("Runs killed by their timeout")
+                    .Register(*registry_)) {}
+
+void Metrics::SessionCreated(const std::string& provider, const std::string& tenant,
+                             absl::Duration took) {
+  sessions_.Add({{"provider", provider}, {"tenant", tenant}}).Increment();
+  creates_.Add({{"provider", provider}}).Increment();
+  create_seconds_.Add({{"provider", provider}}, LatencyBuckets())
+      .Observe(absl::ToDoubleSeconds(took));
+}
+
+void Metrics::SessionCreateFailed(const std::string& provider, const std::string& code) {
+  create_failures_.Add({{"provider", provider}, {"code", code}}).Increment();
+}
+
+void Metrics::SessionClosed(const std::string& provider, const std::string& tenant,
+                            absl::string_view reason) {
+  sessions_.Add({{"provider", provider}, {"tenant", tenant}}).Decrement();
+  closes_.Add({{"provider", provider}, {"reason", std::string(reason)}}).Increment();
+}
+
+void Metrics::CallStarted(const std::string& method) {
+  in_flight_.Add({{"method", method}}).Increment();
+}
+
+void Metrics::CallFinished(const std::string& method, const std::string& provider,
+                           const std::string& code, absl::Duration took) {
+  in_flight_.Add({{"method", method}}).Decrement();
+  calls_.Add({{"method", method}, {"code", code}}).Increment();
+  call_seconds_.Add({{"provider", provider}, {"method", method}}, LatencyBuckets())
+      .Observe(absl::ToDoubleSeconds(took));
+}
+
+void Metrics::ProviderError(const std::string& provider, const std::string& code) {
+  provider_errors_.Add({{"provider", provider}, {"code", code}}).Increment();
+}
+
+void Metrics::RunFinished(const std::string& provider, size_t output_bytes, bool timed_out) {
+  output_bytes_.Add({{"provider", provider}}).Increment(static_cast<double>(output_bytes));
+  if (timed_out) timeouts_.Add({{"provider", provider}}).Increment();
+}
+
+}  // namespace sandbox

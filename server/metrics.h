@@ -1,0 +1,53 @@
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace sandbox {
+
+// The broker's Prometheus metrics (names follow Prometheus conventions:
+// base units, _total for counters). No session ids as label values: label
+// sets stay bounded by tenants x providers x methods x codes.
+//
+// Thread-safe.
+class Metrics {
+ public:
+  Metrics();
+
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  void SessionCreated(const std::string& provider, const std::string& tenant, absl::Duration took);
+  void SessionCreateFailed(const std::string& provider, const std::string& code);
+  void SessionClosed(const std::string& provider, const std::string& tenant,
+                     absl::string_view reason);
+  // One RPC. `provider` may be empty (calls without a session).
+  void CallStarted(const std::string& method);
+  void CallFinished(const std::string& method, const std::string& provider, const std::string& code,
+                    absl::Duration took);
+  void ProviderError(const std::string& provider, const std::string& code);
+  void RunFinished(const std::string& provider, size_t output_bytes, bool timed_out);
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Gauge>& sessions_;
+  prometheus::Family<prometheus::Counter>& creates_;
+  prometheus::Family<prometheus::Counter>& create_failures_;
+  prometheus::Family<prometheus::Counter>& closes_;
+  prometheus::Family<prometheus::Histogram>& create_seconds_;
+  prometheus::Family<prometheus::Counter>& calls_;
+  prometheus::Family<prometheus::Histogram>& call_seconds_;
+  prometheus::Family<prometheus::Gauge>& in_flight_;
+  prometheus::Family<prometheus::Counter>& provider_errors_;
+  prometheus::Family<prometheus::Counter>& output_bytes_;
+  prometheus::Family<prometheus::Counter>& timeouts_;
+};
+
+}  // namespace sandbox
