@@ -1,6 +1,7 @@
 #include "client/remote_sandbox.h"
 
 #include "absl/strings/str_cat.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 
@@ -24,15 +25,40 @@ RemoteSandbox::RemoteSandbox(std::shared_ptr<pb::SandboxBroker::StubInterface> s
       token_(std::move(token)),
       spec_(std::move(spec)) {}
 
+std::shared_ptr<grpc::Channel> RemoteSandbox::MakeChannel(const std::string& address,
+                                                          const Tls& tls) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (tls.enabled) {
+    grpc::SslCredentialsOptions o;
+    o.pem_root_certs = tls.root_certs_pem;
+    o.pem_cert_chain = tls.client_cert_pem;
+    o.pem_private_key = tls.client_key_pem;
+    creds = grpc::SslCredentials(o);
+  }
+  return grpc::CreateCustomChannel(address, creds, args);
+}
+
 std::unique_ptr<RemoteSandbox> RemoteSandbox::Connect(const std::string& address,
                                                       const std::string& token,
                                                       const std::string& session_id,
-                                                      pb::SessionSpec spec) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-  return std::make_unique<RemoteSandbox>(pb::SandboxBroker::NewStub(channel), session_id, token,
-                                         std::move(spec));
+                                                      pb::SessionSpec spec, const Tls& tls) {
+  return std::make_unique<RemoteSandbox>(pb::SandboxBroker::NewStub(MakeChannel(address, tls)),
+                                         session_id, token, std::move(spec));
+}
+
+absl::StatusOr<std::string> RemoteSandbox::Health(const std::shared_ptr<grpc::Channel>& channel,
+                                                  const std::string& service) {
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::Status s = stub->Check(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status());
 }
 
 void RemoteSandbox::Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const {

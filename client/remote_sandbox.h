@@ -21,6 +21,14 @@ struct RemoteRunOptions {
   std::map<std::string, std::string> env;
 };
 
+// How to reach a broker over TLS.
+struct RemoteTls {
+  bool enabled = false;
+  std::string root_certs_pem;   // empty = the system's roots
+  std::string client_cert_pem;  // for brokers that verify clients
+  std::string client_key_pem;
+};
+
 // A CloudSandbox backed by a sandbox broker: one session on one broker.
 // The session's sandbox is created by the first call (or Start) and
 // destroyed by Close. RPC failures come back as absl::Status with the
@@ -39,11 +47,18 @@ class RemoteSandbox {
   RemoteSandbox(std::shared_ptr<pb::SandboxBroker::StubInterface> stub, std::string session_id,
                 std::string token = "", pb::SessionSpec spec = {});
 
-  // An insecure channel to `address` (host:port).
+  using Tls = RemoteTls;
+  // A channel to `address` (host:port): plaintext, or TLS when `tls` is set.
+  static std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Tls& tls);
   static std::unique_ptr<RemoteSandbox> Connect(const std::string& address,
                                                 const std::string& token,
                                                 const std::string& session_id,
-                                                pb::SessionSpec spec = {});
+                                                pb::SessionSpec spec = {}, const Tls& tls = {});
+
+  // grpc.health.v1 Check of `service` ("" = the whole broker) on `channel`:
+  // "SERVING", "NOT_SERVING", ... No token needed.
+  static absl::StatusOr<std::string> Health(const std::shared_ptr<grpc::Channel>& channel,
+                                            const std::string& service = "");
 
   const std::string& session_id() const { return session_id_; }
 

@@ -7,8 +7,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,7 @@ commands:
   keepalive             mark the session active (holds off idle reaping)
   tools                 list LLM tool definitions (see --dialect, --provider)
   call-tool NAME JSON|- execute a tool call; prints its content (exit 1 if is_error)
+  health [SERVICE]      grpc.health.v1 check (no token); exit 0 only when SERVING
 
 flags:
   --addr HOST:PORT      broker address ($SANDBOX_BROKER_ADDR, default 127.0.0.1:50051)
@@ -51,6 +54,10 @@ flags:
   --env K=V             environment for run/shell (repeatable)
   --stream              run: print output as it is produced
   --dialect D           tools: "" (plain JSON Schema), openai or anthropic
+  --tls                 use TLS (system roots unless --tls-ca)
+  --tls-ca FILE         PEM roots to verify the broker (implies --tls)
+  --tls-cert FILE       client certificate (PEM), with --tls-key, for brokers that verify clients
+  --tls-key FILE
 
 exit codes: run/shell exit with the program's code (124 = timed out);
   64 usage, 66 file not found, 69 broker error, 74 local I/O error.
@@ -102,6 +109,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> args;
   bool stream = false;
   std::string dialect;
+  sandbox::RemoteSandbox::Tls tls;
+  std::string tls_ca, tls_cert, tls_key;
 
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -139,6 +148,16 @@ int main(int argc, char** argv) {
       if (!next(&v) || v.find('=') == std::string::npos || v.front() == '=')
         return Usage("--env needs K=V");
       env[v.substr(0, v.find('='))] = v.substr(v.find('=') + 1);
+    } else if (a == "--tls") {
+      tls.enabled = true;
+    } else if (a == "--tls-ca") {
+      if (!next(&tls_ca)) return Usage("--tls-ca needs a file");
+      tls.enabled = true;
+    } else if (a == "--tls-cert") {
+      if (!next(&tls_cert)) return Usage("--tls-cert needs a file");
+      tls.enabled = true;
+    } else if (a == "--tls-key") {
+      if (!next(&tls_key)) return Usage("--tls-key needs a file");
     } else if (a == "--stream") {
       stream = true;
     } else if (a == "--dialect") {
@@ -156,9 +175,31 @@ int main(int argc, char** argv) {
     return args[k];
   };
 
+  auto slurp = [](const std::string& path, std::string* out) {
+    if (path.empty()) return true;
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return false;
+    std::stringstream ss;
+    ss << in.rdbuf();
+    *out = ss.str();
+    return true;
+  };
+  if (!slurp(tls_ca, &tls.root_certs_pem) || !slurp(tls_cert, &tls.client_cert_pem) ||
+      !slurp(tls_key, &tls.client_key_pem)) {
+    std::cerr << "sandboxctl: cannot read a --tls-* file\n";
+    return kExitIo;
+  }
+  if (cmd == "health") {
+    if (args.size() > 2) return Usage("health takes at most a SERVICE");
+    auto r = sandbox::RemoteSandbox::Health(sandbox::RemoteSandbox::MakeChannel(addr, tls),
+                                            args.size() == 2 ? args[1] : "");
+    if (!r.ok()) return RpcError(r.status());
+    std::cout << *r << "\n";
+    return *r == "SERVING" ? 0 : 1;
+  }
   sandbox::pb::SessionSpec spec;
   spec.set_provider(provider);
-  auto sb = sandbox::RemoteSandbox::Connect(addr, token, session, spec);
+  auto sb = sandbox::RemoteSandbox::Connect(addr, token, session, spec, tls);
 
   if (cmd == "run" || cmd == "shell") {
     if (args.size() != 2) return Usage(cmd + " takes one argument (or - for stdin)");

@@ -120,7 +120,8 @@ std::string BrokerServer::address() const { return absl::StrCat(host_, ":", port
 void BrokerServer::SetHealth(bool serving) {
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   if (health == nullptr) return;
-  health->SetServingStatus(serving);  // every service, "" included
+  health->SetServingStatus("", serving);  // the whole broker
+  health->SetServingStatus(pb::SandboxBroker::service_full_name(), serving);
   // Per provider: "sandboxbroker.v1.SandboxBroker/<provider>".
   for (const auto& name : providers_->Names()) {
     health->SetServingStatus(absl::StrCat(pb::SandboxBroker::service_full_name(), "/", name),

@@ -94,6 +94,11 @@ TEST_F(SandboxctlTest, StreamToolsAndKeepAlive) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.out, "error: missing required argument \"command\" (a string)\n");
   EXPECT_EQ(Cli("keepalive").out.substr(0, 13), "idle_expires=");
+  r = Cli("health");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.out, "SERVING\n");
+  EXPECT_EQ(Cli("health sandboxbroker.v1.SandboxBroker/local").out, "SERVING\n");
+  EXPECT_EQ(Cli("health no.such.Service").exit_code, 69);
 }
 
 }  // namespace
