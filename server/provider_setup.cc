@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "adapters/daytona/daytona_provider.h"
 #include "adapters/e2b/e2b_provider.h"
+#include "adapters/echo/echo_provider.h"
 #include "adapters/local/local_provider.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -23,13 +24,17 @@ absl::StatusOr<std::unique_ptr<Provider>> MakeProvider(const std::string& name,
     ASSIGN_OR_RETURN(std::unique_ptr<E2BProvider> p, E2BProvider::Create(std::move(c)));
     return std::unique_ptr<Provider>(std::move(p));
   }
+  if (name == "echo") {
+    ASSIGN_OR_RETURN(std::unique_ptr<EchoProvider> p, EchoProvider::Create(cfg));
+    return std::unique_ptr<Provider>(std::move(p));
+  }
   if (name == "daytona") {
     ASSIGN_OR_RETURN(DaytonaConfig c, ParseDaytonaConfig(cfg, config.idle_timeout_seconds));
     ASSIGN_OR_RETURN(std::unique_ptr<DaytonaProvider> p, DaytonaProvider::Create(std::move(c)));
     return std::unique_ptr<Provider>(std::move(p));
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("providers.", name, ": unknown provider (known: local, e2b, daytona)"));
+      absl::StrCat("providers.", name, ": unknown provider (known: local, e2b, daytona, echo)"));
 }
 
 }  // namespace
@@ -70,9 +75,11 @@ absl::Status CheckProviderConfigs(const BrokerConfig& config) {
       s = ParseE2BConfig(it.value(), config.idle_timeout_seconds).status();
     } else if (name == "daytona") {
       s = ParseDaytonaConfig(it.value(), config.idle_timeout_seconds).status();
+    } else if (name == "echo") {
+      s = EchoProvider::Create(it.value()).status();
     } else {
-      s = absl::InvalidArgumentError(
-          absl::StrCat("providers.", name, ": unknown provider (known: local, e2b, daytona)"));
+      s = absl::InvalidArgumentError(absl::StrCat(
+          "providers.", name, ": unknown provider (known: local, e2b, daytona, echo)"));
     }
     if (!s.ok() && s.code() != absl::StatusCode::kFailedPrecondition) return s;
   }

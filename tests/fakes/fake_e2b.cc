@@ -8,6 +8,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "absl/strings/ascii.h"
@@ -154,6 +155,11 @@ class FakeE2B::Impl {
     server_.set_keep_alive_max_count(100000);
     server_.set_keep_alive_timeout(30);
     server_.set_payload_max_length(128 << 20);
+    server_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response&) {
+      absl::MutexLock l(&peers_mu_);
+      peers_.insert(absl::StrCat(req.remote_addr, ":", req.remote_port));
+      return httplib::Server::HandlerResponse::Unhandled;
+    });
     Routes();
     port_ = options_.port == 0
                 ? server_.bind_to_any_port("127.0.0.1")
@@ -171,6 +177,10 @@ class FakeE2B::Impl {
   int port() const { return port_; }
   Faults& faults() { return faults_; }
   int64_t requests() const { return faults_.requests.load(); }
+  int64_t connections() const {
+    absl::MutexLock l(&peers_mu_);
+    return static_cast<int64_t>(peers_.size());
+  }
 
   int live() const {
     absl::MutexLock l(&mu_);
@@ -710,6 +720,8 @@ class FakeE2B::Impl {
   std::atomic<uint32_t> next_pid_{4000};
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<FakeSandbox>> sandboxes_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Mutex peers_mu_;
+  std::set<std::string> peers_ ABSL_GUARDED_BY(peers_mu_);  // "addr:port" of connections
 };
 
 FakeE2B::FakeE2B(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -733,5 +745,6 @@ std::map<std::string, std::string> FakeE2B::metadata(const std::string& id) cons
 }
 int64_t FakeE2B::ttl_left_seconds(const std::string& id) const { return impl_->TtlLeft(id); }
 int64_t FakeE2B::requests() const { return impl_->requests(); }
+int64_t FakeE2B::connections() const { return impl_->connections(); }
 
 }  // namespace sandbox

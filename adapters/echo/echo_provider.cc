@@ -1,0 +1,61 @@
+#include "adapters/echo/echo_provider.h"
+
+#include <atomic>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "adapters/api/output.h"
+#include "common/config_reader.h"
+#include "common/status_macros.h"
+
+namespace sandbox {
+namespace {
+
+std::atomic<uint64_t> next_id{0};
+
+class EchoSandbox final : public Sandbox {
+ public:
+  EchoSandbox() : id_(absl::StrCat("echo-", ++next_id)) {}
+  const std::string& id() const override { return id_; }
+
+  absl::StatusOr<ExecResult> Exec(const ExecRequest& r) override {
+    OutputCollector out(r.max_output_bytes, r.on_output);
+    out.Append(OutputStream::kStdout, r.code);
+    ExecResult result;
+    result.truncated = out.truncated();
+    result.output = out.Take();
+    return result;
+  }
+  absl::Status WriteFile(absl::string_view path, absl::string_view data) override {
+    absl::MutexLock l(&mu_);
+    files_[std::string(path)] = std::string(data);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::optional<std::string>> ReadFile(absl::string_view path) override {
+    absl::MutexLock l(&mu_);
+    auto it = files_.find(std::string(path));
+    if (it == files_.end()) return std::optional<std::string>();
+    return std::optional<std::string>(it->second);
+  }
+  absl::Status Destroy() override { return absl::OkStatus(); }
+
+ private:
+  const std::string id_;
+  absl::Mutex mu_;
+  std::map<std::string, std::string> files_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EchoProvider>> EchoProvider::Create(const nlohmann::json& config) {
+  ConfigReader r(config, "providers.echo");
+  RETURN_IF_ERROR(r.Finish());
+  return std::make_unique<EchoProvider>();
+}
+
+absl::StatusOr<std::unique_ptr<Sandbox>> EchoProvider::Create(const SandboxSpec&) {
+  return std::unique_ptr<Sandbox>(new EchoSandbox());
+}
+
+}  // namespace sandbox
