@@ -1,5 +1,6 @@
 #include "common/log.h"
 
+#include <atomic>
 #include <cstdio>
 
 #include "absl/synchronization/mutex.h"
@@ -9,6 +10,8 @@
 
 namespace sandbox {
 namespace {
+
+std::atomic<int> g_min_level{static_cast<int>(LogLevel::kInfo)};
 
 struct LogState {
   absl::Mutex mu;
@@ -47,7 +50,10 @@ bool NeedsQuotes(absl::string_view v) {
 
 }  // namespace
 
+bool LogEnabled(LogLevel level) { return static_cast<int>(level) >= g_min_level.load(); }
+
 void Log(LogLevel level, absl::string_view event, std::initializer_list<LogField> fields) {
+  if (!LogEnabled(level)) return;
   LogState& s = State();
   absl::MutexLock lock(&s.mu);
   if (level < s.min_level) return;
@@ -90,6 +96,7 @@ void SetLogJson(bool json) {
 void SetLogLevel(LogLevel min_level) {
   absl::MutexLock lock(&State().mu);
   State().min_level = min_level;
+  g_min_level = static_cast<int>(min_level);
 }
 
 void SetLogSink(std::function<void(absl::string_view)> sink) {

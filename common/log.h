@@ -32,6 +32,9 @@ struct LogField {
 
 void Log(LogLevel level, absl::string_view event, std::initializer_list<LogField> fields = {});
 
+// Whether a line at `level` would be written (skip building costly fields).
+bool LogEnabled(LogLevel level);
+
 // Configuration, normally set once in main.
 void SetLogJson(bool json);
 void SetLogLevel(LogLevel min_level);

@@ -37,17 +37,25 @@ bool BrokerService::WaitForIdle(absl::Duration timeout) {
 }
 
 namespace {
-// A caller's x-request-id if it is sane, else a fresh one.
-std::string RequestId(const grpc::ServerContext* ctx) {
+// A caller's x-request-id if it is sane (then echoed back), else a fresh
+// one: a per-process random prefix and a counter, so no syscall per call.
+std::string RequestId(const grpc::ServerContext* ctx, bool* from_client) {
   auto it = ctx->client_metadata().find("x-request-id");
+  *from_client = false;
   if (it != ctx->client_metadata().end() && it->second.size() >= 1 && it->second.size() <= 64) {
     std::string id(it->second.data(), it->second.size());
     bool ok = true;
-    for (char c : id)
+    for (char c : id) {
       ok = ok && (isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.');
-    if (ok) return id;
+    }
+    if (ok) {
+      *from_client = true;
+      return id;
+    }
   }
-  return RandomHex(8);
+  static const std::string* prefix = new std::string(RandomHex(4));
+  static std::atomic<uint64_t> counter{0};
+  return absl::StrCat(*prefix, "-", ++counter);
 }
 }  // namespace
 
@@ -56,8 +64,9 @@ grpc::Status BrokerService::Handle(grpc::ServerContext* ctx, absl::string_view m
                                    const std::string& session_id, Resp* resp, Fn&& fn) {
   const absl::Time start = clock_->Monotonic();
   const std::string method_name(method);
-  const std::string request_id = RequestId(ctx);
-  ctx->AddInitialMetadata("x-request-id", request_id);
+  bool echo_id = false;
+  const std::string request_id = RequestId(ctx, &echo_id);
+  if (echo_id) ctx->AddInitialMetadata("x-request-id", request_id);
   {
     absl::MutexLock l(&mu_);
     if (draining_) {
@@ -87,14 +96,17 @@ grpc::Status BrokerService::Handle(grpc::ServerContext* ctx, absl::string_view m
   }
   const absl::Duration took = clock_->Monotonic() - start;
   const std::string code = absl::StatusCodeToString(status.code());
-  Log(status.ok() ? LogLevel::kInfo : LogLevel::kWarning, "rpc",
-      {{"request_id", request_id},
-       {"method", method},
-       {"tenant", tenant.ok() ? *tenant : std::string("-")},
-       {"session_id", session_id.size() <= 128 ? session_id : std::string("(invalid)")},
-       {"provider", provider.empty() ? std::string("-") : provider},
-       {"code", code},
-       {"duration_ms", absl::ToInt64Milliseconds(took)}});
+  const LogLevel level = status.ok() ? LogLevel::kInfo : LogLevel::kWarning;
+  if (LogEnabled(level)) {
+    Log(level, "rpc",
+        {{"request_id", request_id},
+         {"method", method},
+         {"tenant", tenant.ok() ? *tenant : std::string("-")},
+         {"session_id", session_id.size() <= 128 ? session_id : std::string("(invalid)")},
+         {"provider", provider.empty() ? std::string("-") : provider},
+         {"code", code},
+         {"duration_ms", absl::ToInt64Milliseconds(took)}});
+  }
   if (metrics_) metrics_->CallFinished(method_name, provider, code, took);
   {
     absl::MutexLock l(&mu_);

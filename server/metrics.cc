@@ -1,6 +1,18 @@
 #include "server/metrics.h"
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
 namespace sandbox {
+
+struct Metrics::Cache {
+  absl::Mutex mu;
+  absl::flat_hash_map<std::string, prometheus::Counter*> calls ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<std::string, prometheus::Histogram*> call_seconds ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<std::string, prometheus::Gauge*> in_flight ABSL_GUARDED_BY(mu);
+};
+
 namespace {
 
 const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
@@ -11,8 +23,11 @@ const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
 
 }  // namespace
 
+Metrics::~Metrics() = default;
+
 Metrics::Metrics()
-    : registry_(std::make_shared<prometheus::Registry>()),
+    : cache_(std::make_unique<Cache>()),
+      registry_(std::make_shared<prometheus::Registry>()),
       sessions_(prometheus::BuildGauge()
                     .Name("sandbox_broker_sessions")
                     .Help("Live sessions (each owns one provider sandbox)")
@@ -76,16 +91,39 @@ void Metrics::SessionClosed(const std::string& provider, const std::string& tena
   closes_.Add({{"provider", provider}, {"reason", std::string(reason)}}).Increment();
 }
 
-void Metrics::CallStarted(const std::string& method) {
-  in_flight_.Add({{"method", method}}).Increment();
+prometheus::Counter& Metrics::CallCounter(const std::string& method, const std::string& code) {
+  const std::string key = absl::StrCat(method, "\x1f", code);
+  absl::MutexLock l(&cache_->mu);
+  auto [it, added] = cache_->calls.try_emplace(key, nullptr);
+  if (added) it->second = &calls_.Add({{"method", method}, {"code", code}});
+  return *it->second;
 }
+
+prometheus::Histogram& Metrics::CallHistogram(const std::string& provider,
+                                              const std::string& method) {
+  const std::string key = absl::StrCat(provider, "\x1f", method);
+  absl::MutexLock l(&cache_->mu);
+  auto [it, added] = cache_->call_seconds.try_emplace(key, nullptr);
+  if (added) {
+    it->second = &call_seconds_.Add({{"provider", provider}, {"method", method}}, LatencyBuckets());
+  }
+  return *it->second;
+}
+
+prometheus::Gauge& Metrics::InFlight(const std::string& method) {
+  absl::MutexLock l(&cache_->mu);
+  auto [it, added] = cache_->in_flight.try_emplace(method, nullptr);
+  if (added) it->second = &in_flight_.Add({{"method", method}});
+  return *it->second;
+}
+
+void Metrics::CallStarted(const std::string& method) { InFlight(method).Increment(); }
 
 void Metrics::CallFinished(const std::string& method, const std::string& provider,
                            const std::string& code, absl::Duration took) {
-  in_flight_.Add({{"method", method}}).Decrement();
-  calls_.Add({{"method", method}, {"code", code}}).Increment();
-  call_seconds_.Add({{"provider", provider}, {"method", method}}, LatencyBuckets())
-      .Observe(absl::ToDoubleSeconds(took));
+  InFlight(method).Decrement();
+  CallCounter(method, code).Increment();
+  CallHistogram(provider, method).Observe(absl::ToDoubleSeconds(took));
 }
 
 void Metrics::ProviderError(const std::string& provider, const std::string& code) {

@@ -20,6 +20,7 @@ namespace sandbox {
 // Thread-safe.
 class Metrics {
  public:
+  ~Metrics();
   Metrics();
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
@@ -36,6 +37,14 @@ class Metrics {
   void RunFinished(const std::string& provider, size_t output_bytes, bool timed_out);
 
  private:
+  // Cached handles, keyed by their label values joined with '\x1f': the
+  // per-call path looks one up instead of building a label map each time.
+  prometheus::Counter& CallCounter(const std::string& method, const std::string& code);
+  prometheus::Histogram& CallHistogram(const std::string& provider, const std::string& method);
+  prometheus::Gauge& InFlight(const std::string& method);
+  struct Cache;
+  std::unique_ptr<Cache> cache_;
+
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Gauge>& sessions_;
   prometheus::Family<prometheus::Counter>& creates_;

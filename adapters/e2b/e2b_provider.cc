@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -19,6 +20,9 @@ namespace sandbox {
 namespace {
 
 constexpr char kUserAgent[] = "sandbox-broker/0.1 (e2b)";
+// Programs up to this size travel inside the start request (base64 stays well
+// under Linux's 128 KiB limit for one argument); larger ones are uploaded.
+constexpr size_t kInlineCodeBytes = 64 * 1024;
 
 // Single-quotes `s` for bash.
 std::string ShellQuote(const std::string& s) {
@@ -58,9 +62,19 @@ class E2BSandbox final : public Sandbox {
       std::vector<std::string> q;
       for (const auto& a : request.argv) q.push_back(ShellQuote(a));
       command = absl::StrJoin(q, " ");
+    } else if (request.language == Language::kShell &&
+               request.code.find('\0') == std::string::npos) {
+      command = request.code;  // a shell command, as the SDK's commands.run sends it
+    } else if (request.language != Language::kShell && request.code.size() <= kInlineCodeBytes) {
+      // The program reaches the interpreter on stdin, base64-decoded, so any
+      // bytes run exactly and the shell never parses it; `exec` makes the
+      // interpreter the process envd (and our SIGKILL) targets. One request.
+      command =
+          absl::StrCat("exec ", request.language == Language::kPython ? "python3 -u -" : "node -",
+                       " < <(printf '%s' '", absl::Base64Escape(request.code), "' | base64 -d)");
     } else {
-      // The program goes in a file, never into the shell line, so any bytes
-      // run exactly. The file is unlinked before the interpreter starts.
+      // Large programs go in a file (a command line has a size limit). The
+      // file is unlinked before the interpreter starts.
       const std::string ext = request.language == Language::kPython ? "py"
                               : request.language == Language::kNode ? "js"
                                                                     : "sh";

@@ -50,6 +50,10 @@ TEST_F(E2BTest, RunsCodeOfAnyBytesInEachLanguage) {
   auto sh = sb->Shell("echo \"$(whoami) in $(pwd)\"; echo err >&2; exit 5");
   EXPECT_EQ(sh->output(), "user in /home/user\nerr\n");
   EXPECT_EQ(sh->exit_code(), 5);
+  // A program too big for a command line goes through an uploaded file.
+  auto big = sb->Run(absl::StrCat("# ", std::string(100000, 'x'), "\nprint('big ok')"));
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(big->output(), "big ok\n");
   // Code files do not linger in the sandbox.
   EXPECT_EQ(sb->Shell("ls -A /tmp | grep -c sandbox-broker || true")->output(), "0\n");
 }
