@@ -386,17 +386,25 @@ void E2BSection(const Options& o) {
     printf("  create failed: %s\n", std::string(sb.status().message()).c_str());
     return;
   }
-  std::vector<double> ours;
+  std::vector<double> ours, run_ms, write_ms, read_ms;
   for (int i = 0; i < o.e2b_calls; ++i) {
     absl::Time t = clock->Monotonic();
     ExecRequest r;
     r.language = Language::kShell;
     r.code = "echo hi";
     (void)(*sb)->Exec(r);
+    absl::Time t1 = clock->Monotonic();
     (void)(*sb)->WriteFile("/tmp/f.txt", "hello");
+    absl::Time t2 = clock->Monotonic();
     (void)(*sb)->ReadFile("/tmp/f.txt");
-    ours.push_back(absl::ToDoubleMilliseconds(clock->Monotonic() - t));
+    absl::Time t3 = clock->Monotonic();
+    ours.push_back(absl::ToDoubleMilliseconds(t3 - t));
+    run_ms.push_back(absl::ToDoubleMilliseconds(t1 - t));
+    write_ms.push_back(absl::ToDoubleMilliseconds(t2 - t1));
+    read_ms.push_back(absl::ToDoubleMilliseconds(t3 - t2));
   }
+  printf("  ours, medians: run %.1f ms, write %.1f ms, read %.1f ms\n", Median(run_ms),
+         Median(write_ms), Median(read_ms));
   const int64_t our_conns = fake->connections() - conns_before;
   (void)(*sb)->Destroy();
   // The SDK, if it and a new enough node are installed.
@@ -506,8 +514,11 @@ void ScaleSection(const Options& o) {
 int main(int argc, char** argv) {
   using namespace sandbox;
   Options o;
+  std::string only;
   for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--smoke") {
+    if (std::string(argv[i]) == "--only" && i + 1 < argc) {
+      only = argv[++i];  // grpc | floor | e2b | scale
+    } else if (std::string(argv[i]) == "--smoke") {
       o.smoke = true;
       o.load_time = absl::Milliseconds(400);
       o.floor_runs = 3;
@@ -518,10 +529,10 @@ int main(int argc, char** argv) {
   SetLogLevel(LogLevel::kWarning);  // the per-call info lines would dominate stderr
   printf("broker_bench%s: ratios against baselines measured in the same run (%ld cores)\n",
          o.smoke ? " --smoke" : "", sysconf(_SC_NPROCESSORS_ONLN));
-  GrpcSection(o);
-  FloorSection(o);
-  E2BSection(o);
-  ScaleSection(o);
+  if (only.empty() || only == "grpc") GrpcSection(o);
+  if (only.empty() || only == "floor") FloorSection(o);
+  if (only.empty() || only == "e2b") E2BSection(o);
+  if (only.empty() || only == "scale") ScaleSection(o);
   printf("\nbroker_bench: done\n");
   return 0;
 }

@@ -9,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "adapters/api/output.h"
+#include "adapters/api/remote_util.h"
 #include "adapters/daytona/daytona_wire.h"
 #include "common/clock.h"
 #include "common/config_reader.h"
@@ -23,18 +24,6 @@ constexpr char kSdkVersion[] = "0.218.0";  // >= 0.167.0: the daemon demuxes out
 constexpr char kSource[] = "sandbox-broker-cpp";
 // How often activity is reported to Daytona while a session is in use.
 constexpr absl::Duration kActivityEvery = absl::Seconds(30);
-
-std::string ShellQuote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out.push_back(c);
-    }
-  }
-  return out + "'";
-}
 
 std::string LanguageLabel(Language l) { return l == Language::kNode ? "javascript" : "python"; }
 
@@ -63,9 +52,7 @@ class DaytonaSandbox final : public Sandbox {
     if (!request.argv.empty() || request.language == Language::kShell) {
       std::string command = request.code;
       if (!request.argv.empty()) {
-        std::vector<std::string> q;
-        for (const auto& a : request.argv) q.push_back(ShellQuote(a));
-        command = absl::StrJoin(q, " ");
+        command = ShellJoin(request.argv);
       }
       path = "/process/execute";
       body = daytona::ExecuteBody(command, request.cwd, envs, timeout_s);
@@ -119,7 +106,7 @@ class DaytonaSandbox final : public Sandbox {
 
   absl::Status WriteFile(absl::string_view path, absl::string_view data) override {
     RETURN_IF_ERROR(CheckOpen());
-    RETURN_IF_ERROR(CheckPath(path));
+    RETURN_IF_ERROR(CheckRemotePath(path));
     const std::string p(path);
     const std::string base = p.substr(p.rfind('/') + 1);
     MultipartBody m = BuildMultipart(std::vector<MultipartPart>{
@@ -142,7 +129,7 @@ class DaytonaSandbox final : public Sandbox {
 
   absl::StatusOr<std::optional<std::string>> ReadFile(absl::string_view path) override {
     RETURN_IF_ERROR(CheckOpen());
-    RETURN_IF_ERROR(CheckPath(path));
+    RETURN_IF_ERROR(CheckRemotePath(path));
     const std::string p(path);
     HttpRequest http;
     http.method = "POST";
@@ -188,14 +175,6 @@ class DaytonaSandbox final : public Sandbox {
   absl::Status CheckOpen() {
     absl::MutexLock l(&mu_);
     if (destroyed_) return absl::FailedPreconditionError("daytona: sandbox is closed");
-    return absl::OkStatus();
-  }
-
-  static absl::Status CheckPath(absl::string_view path) {
-    if (path.empty()) return absl::InvalidArgumentError("path is empty");
-    if (path.find('\0') != absl::string_view::npos) {
-      return absl::InvalidArgumentError("path contains a NUL byte");
-    }
     return absl::OkStatus();
   }
 

@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "adapters/api/output.h"
+#include "adapters/api/remote_util.h"
 #include "adapters/e2b/e2b_wire.h"
 #include "common/clock.h"
 #include "common/config_reader.h"
@@ -23,20 +24,6 @@ constexpr char kUserAgent[] = "sandbox-broker/0.1 (e2b)";
 // Programs up to this size travel inside the start request (base64 stays well
 // under Linux's 128 KiB limit for one argument); larger ones are uploaded.
 constexpr size_t kInlineCodeBytes = 64 * 1024;
-
-// Single-quotes `s` for bash.
-std::string ShellQuote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out.push_back(c);
-    }
-  }
-  out += "'";
-  return out;
-}
 
 class E2BSandbox final : public Sandbox {
  public:
@@ -59,9 +46,7 @@ class E2BSandbox final : public Sandbox {
     RETURN_IF_ERROR(EnsureTtl(request.timeout + ttl_));
     std::string command;
     if (!request.argv.empty()) {
-      std::vector<std::string> q;
-      for (const auto& a : request.argv) q.push_back(ShellQuote(a));
-      command = absl::StrJoin(q, " ");
+      command = ShellJoin(request.argv);
     } else if (request.language == Language::kShell &&
                request.code.find('\0') == std::string::npos) {
       command = request.code;  // a shell command, as the SDK's commands.run sends it
@@ -212,14 +197,14 @@ class E2BSandbox final : public Sandbox {
 
   absl::Status WriteFile(absl::string_view path, absl::string_view data) override {
     RETURN_IF_ERROR(CheckOpen());
-    RETURN_IF_ERROR(CheckPath(path));
+    RETURN_IF_ERROR(CheckRemotePath(path));
     RETURN_IF_ERROR(EnsureTtl(ttl_ / 2));
     return Upload(std::string(path), std::string(data), "write file");
   }
 
   absl::StatusOr<std::optional<std::string>> ReadFile(absl::string_view path) override {
     RETURN_IF_ERROR(CheckOpen());
-    RETURN_IF_ERROR(CheckPath(path));
+    RETURN_IF_ERROR(CheckRemotePath(path));
     RETURN_IF_ERROR(EnsureTtl(ttl_ / 2));
     HttpRequest http;
     http.url = absl::StrCat(envd_, "/files?path=", HttpClient::UrlEncode(path));
@@ -263,14 +248,6 @@ class E2BSandbox final : public Sandbox {
   absl::Status CheckOpen() {
     absl::MutexLock l(&mu_);
     if (destroyed_) return absl::FailedPreconditionError("e2b: sandbox is closed");
-    return absl::OkStatus();
-  }
-
-  static absl::Status CheckPath(absl::string_view path) {
-    if (path.empty()) return absl::InvalidArgumentError("path is empty");
-    if (path.find('\0') != absl::string_view::npos) {
-      return absl::InvalidArgumentError("path contains a NUL byte");
-    }
     return absl::OkStatus();
   }
 

@@ -134,6 +134,7 @@ class FakeDaytona::Impl {
     local_ = std::move(*p);
     server_.new_task_queue = [] { return new httplib::ThreadPool(64); };
     server_.set_keep_alive_max_count(100000);
+    server_.set_tcp_nodelay(true);  // as real servers: no Nagle stall on small replies
     server_.set_keep_alive_timeout(30);
     server_.set_payload_max_length(128 << 20);
     Routes();
