@@ -514,9 +514,23 @@ void ScaleSection(const Options& o) {
 int main(int argc, char** argv) {
   using namespace sandbox;
   Options o;
-  std::string only;
+  std::string only, target;
+  int concurrency = 16;
+  size_t payload = 64;
+  bool mixed = false;
   for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--only" && i + 1 < argc) {
+    const std::string a = argv[i];
+    if (a == "--target" && i + 1 < argc) {
+      target = argv[++i];  // load an arbitrary broker: host:port
+    } else if (a == "--concurrency" && i + 1 < argc) {
+      concurrency = atoi(argv[++i]);
+    } else if (a == "--payload" && i + 1 < argc) {
+      payload = static_cast<size_t>(atoll(argv[++i]));
+    } else if (a == "--mix" && i + 1 < argc) {
+      mixed = std::string(argv[++i]) == "all";  // run | all (run/shell/write/read)
+    } else if (a == "--seconds" && i + 1 < argc) {
+      o.load_time = absl::Seconds(atoi(argv[++i]));
+    } else if (std::string(argv[i]) == "--only" && i + 1 < argc) {
       only = argv[++i];  // grpc | floor | e2b | scale
     } else if (std::string(argv[i]) == "--smoke") {
       o.smoke = true;
@@ -527,6 +541,15 @@ int main(int argc, char** argv) {
     }
   }
   SetLogLevel(LogLevel::kWarning);  // the per-call info lines would dominate stderr
+  if (!target.empty()) {            // just the load generator, against a running broker
+    Latencies l = Load(target, concurrency, o.load_time, payload, mixed);
+    printf(
+        "load %s: concurrency %d, payload %zu B, %s: %.1f req/s, p50 %.0f us, p90 %.0f us, "
+        "p99 %.0f us, max %.0f us, errors %lld\n",
+        target.c_str(), concurrency, payload, mixed ? "mix" : "run", l.Throughput(), l.Pct(0.5),
+        l.Pct(0.9), l.Pct(0.99), l.Pct(1.0), static_cast<long long>(l.errors));
+    return l.errors == 0 ? 0 : 1;
+  }
   printf("broker_bench%s: ratios against baselines measured in the same run (%ld cores)\n",
          o.smoke ? " --smoke" : "", sysconf(_SC_NPROCESSORS_ONLN));
   if (only.empty() || only == "grpc") GrpcSection(o);
