@@ -67,6 +67,9 @@ TEST(EndStream, OkOrTheCarriedError) {
   EXPECT_EQ(s.message(), "[invalid_argument] cwd '/nope' does not exist");
   EXPECT_EQ(ParseEndStream(R"j({"error":{"code":"deadline_exceeded"}})j").code(),
             absl::StatusCode::kDeadlineExceeded);
+  // Wrong types from a provider are an error, never a crash.
+  EXPECT_EQ(ParseEndStream(R"j({"error":{"code":5,"message":[]}})j").code(),
+            absl::StatusCode::kUnknown);
 }
 
 TEST(Requests, BodiesMatchTheSdkCaptures) {
