@@ -164,12 +164,12 @@ absl::Status ParseEndStream(absl::string_view text) {
   auto err = j.find("error");
   if (err == j.end() || !err->is_object()) return absl::OkStatus();
   // A provider's reply is untrusted: read fields only with the right types.
-  auto text = [&](const char* k, const char* def) {
+  auto field = [&](const char* k, const char* def) {
     auto it = err->find(k);
     return it != err->end() && it->is_string() ? it->get<std::string>() : std::string(def);
   };
-  std::string code = text("code", "unknown");
-  std::string message = text("message", "");
+  std::string code = field("code", "unknown");
+  std::string message = field("message", "");
   return absl::Status(ConnectCodeToStatus(code), absl::StrCat("[", code, "] ", message));
 }
 
