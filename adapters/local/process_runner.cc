@@ -144,10 +144,13 @@ absl::StatusOr<ExecResult> RunProcess(const ProcessSpec& spec) {
     return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
   }
   Fd out_r(out_pipe[0]), out_w(out_pipe[1]);
-  if (pipe2(err_pipe, O_CLOEXEC) != 0) {
+  // Without a per-stream consumer, stdout and stderr share one pipe: the
+  // output is then in exact write order. Streaming needs them apart.
+  const bool split = static_cast<bool>(spec.on_output);
+  if (split && pipe2(err_pipe, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
   }
-  Fd err_r(err_pipe[0]), err_w(err_pipe[1]);
+  Fd err_r(split ? err_pipe[0] : -1), err_w(split ? err_pipe[1] : -1);
 
   std::vector<char*> argv, envp;
   for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
@@ -159,7 +162,8 @@ absl::StatusOr<ExecResult> RunProcess(const ProcessSpec& spec) {
   pid_t pid = fork();
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
   if (pid == 0) {
-    ExecChild(spec, argv.data(), envp.data(), stdin_fd.get(), out_w.get(), err_w.get(), fd3.get());
+    ExecChild(spec, argv.data(), envp.data(), stdin_fd.get(), out_w.get(),
+              split ? err_w.get() : out_w.get(), fd3.get());
   }
   setpgid(pid, pid);  // also in the parent, so a kill cannot race the child
   out_w.reset();

@@ -32,6 +32,16 @@ TEST(RunProcess, CombinesStdoutAndStderrInArrivalOrder) {
   EXPECT_EQ(chunks[1].second, "two\n");
 }
 
+TEST(RunProcess, WithoutStreamingTheOutputIsInExactWriteOrder) {
+  // Rapid alternation between stdout and stderr, no pauses: one shared pipe
+  // keeps the order exactly.
+  auto r = RunProcess(Bash("for i in $(seq 300); do echo o$i; echo e$i >&2; done"));
+  ASSERT_TRUE(r.ok());
+  std::string want;
+  for (int i = 1; i <= 300; ++i) absl::StrAppend(&want, "o", i, "\ne", i, "\n");
+  EXPECT_EQ(r->output, want);
+}
+
 TEST(RunProcess, TimeoutKillsTheGroupAndKeepsOutputSoFar) {
   ProcessSpec p = Bash("echo started; (sleep 300; echo never) & sleep 300");
   p.timeout = absl::Milliseconds(300);
