@@ -78,12 +78,11 @@ absl::StatusOr<pb::SessionInfo> RemoteSandbox::Start() {
   return resp;
 }
 
-absl::StatusOr<pb::RunResult> RemoteSandbox::Run(const std::string& code,
-                                                 const RemoteRunOptions& options) {
-  grpc::ClientContext ctx;
+pb::RunRequest RemoteSandbox::PrepareRun(grpc::ClientContext* ctx, const std::string& code,
+                                         const RemoteRunOptions& options) const {
   // The broker's own default timeout is at most its max; allow for it.
   const int t = options.timeout_seconds > 0 ? options.timeout_seconds : 3600;
-  Prepare(&ctx, absl::Seconds(t) + kRunMargin);
+  Prepare(ctx, absl::Seconds(t) + kRunMargin);
   pb::RunRequest req;
   req.set_session_id(session_id_);
   req.set_code(code);
@@ -91,6 +90,13 @@ absl::StatusOr<pb::RunResult> RemoteSandbox::Run(const std::string& code,
   req.set_timeout_seconds(options.timeout_seconds);
   req.mutable_env()->insert(options.env.begin(), options.env.end());
   *req.mutable_spec() = spec_;
+  return req;
+}
+
+absl::StatusOr<pb::RunResult> RemoteSandbox::Run(const std::string& code,
+                                                 const RemoteRunOptions& options) {
+  grpc::ClientContext ctx;
+  pb::RunRequest req = PrepareRun(&ctx, code, options);
   pb::RunResult resp;
   grpc::Status s = stub_->Run(&ctx, req, &resp);
   if (!s.ok()) return FromGrpcStatus(s);
@@ -170,15 +176,7 @@ absl::StatusOr<pb::RunResult> RemoteSandbox::RunStream(
     const std::string& code, const RemoteRunOptions& options,
     const std::function<void(pb::OutputStream, const std::string&)>& on_chunk) {
   grpc::ClientContext ctx;
-  const int t = options.timeout_seconds > 0 ? options.timeout_seconds : 3600;
-  Prepare(&ctx, absl::Seconds(t) + kRunMargin);
-  pb::RunRequest req;
-  req.set_session_id(session_id_);
-  req.set_code(code);
-  req.set_language(options.language);
-  req.set_timeout_seconds(options.timeout_seconds);
-  req.mutable_env()->insert(options.env.begin(), options.env.end());
-  *req.mutable_spec() = spec_;
+  pb::RunRequest req = PrepareRun(&ctx, code, options);
   auto reader = stub_->RunStream(&ctx, req);
   pb::RunEvent ev;
   std::optional<pb::RunResult> result;

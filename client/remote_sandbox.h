@@ -92,6 +92,9 @@ class RemoteSandbox {
 
  private:
   void Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const;
+  // Deadline, credentials and the request shared by Run and RunStream.
+  pb::RunRequest PrepareRun(grpc::ClientContext* ctx, const std::string& code,
+                            const RemoteRunOptions& options) const;
 
   const std::shared_ptr<pb::SandboxBroker::StubInterface> stub_;
   const std::string session_id_;

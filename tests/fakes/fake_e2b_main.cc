@@ -2,47 +2,9 @@
 //   fake-e2b --port 0 --api-key e2b_test_key
 // The first line on stdout is "listening on 127.0.0.1:PORT".
 
-#include <signal.h>
-
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <string>
-
 #include "tests/fakes/fake_e2b.h"
+#include "tests/fakes/fake_main.h"
 
 int main(int argc, char** argv) {
-  sandbox::FakeE2B::Options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--port" && i + 1 < argc) {
-      o.port = atoi(argv[++i]);
-    } else if (a == "--api-key" && i + 1 < argc) {
-      o.api_key = argv[++i];
-    } else if (a == "--workspace-root" && i + 1 < argc) {
-      o.workspace_root = argv[++i];
-    } else if (a == "--uid-base" && i + 1 < argc) {
-      o.uid_base = atoll(argv[++i]);
-    } else {
-      fprintf(stderr,
-              "usage: fake-e2b [--port N] [--api-key KEY] [--workspace-root DIR] [--uid-base N]\n");
-      return 2;
-    }
-  }
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-  auto fake = sandbox::FakeE2B::Start(o);
-  if (!fake.ok()) {
-    fprintf(stderr, "fake-e2b: %s\n", std::string(fake.status().message()).c_str());
-    return 1;
-  }
-  printf("listening on 127.0.0.1:%d\n", (*fake)->port());
-  fflush(stdout);
-  int sig;
-  sigwait(&sigs, &sig);
-  return 0;
+  return sandbox::FakeMain<sandbox::FakeE2B>(argc, argv, "fake-e2b");
 }
