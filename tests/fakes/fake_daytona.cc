@@ -18,6 +18,7 @@
 #include "adapters/local/workspace_fs.h"
 #include "common/text.h"
 #include "nlohmann/json.hpp"
+#include "tests/fakes/fake_common.h"
 
 namespace sandbox {
 
@@ -116,31 +117,13 @@ class FakeDaytona::Impl {
   }
 
   absl::Status Init() {
-    if (options_.workspace_root.empty()) {
-      std::string tmpl = "/tmp/fake-daytona-XXXXXX";
-      options_.workspace_root = mkdtemp(tmpl.data());
-      chmod(options_.workspace_root.c_str(), 0711);
-      own_root_ = true;
-    }
-    LocalConfig lc;
-    lc.workspace_root = options_.workspace_root;
-    lc.mount_point = kHome;
-    lc.user_name = "daytona";
-    lc.persistent_tmp = true;
-    lc.uid_base = options_.uid_base;
-    lc.max_transfer_bytes = 64 << 20;
-    auto p = LocalProvider::Create(lc);
+    auto p = MakeFakeSandboxes("fake-daytona", kHome, "daytona", options_.uid_base,
+                               &options_.workspace_root, &own_root_);
     if (!p.ok()) return p.status();
     local_ = std::move(*p);
-    server_.new_task_queue = [] { return new httplib::ThreadPool(64); };
-    server_.set_keep_alive_max_count(100000);
-    server_.set_tcp_nodelay(true);  // as real servers: no Nagle stall on small replies
-    server_.set_keep_alive_timeout(30);
-    server_.set_payload_max_length(128 << 20);
+    ConfigureFakeServer(server_);
     Routes();
-    port_ = options_.port == 0
-                ? server_.bind_to_any_port("127.0.0.1")
-                : (server_.bind_to_port("127.0.0.1", options_.port) ? options_.port : -1);
+    port_ = BindFakeServer(server_, options_.port);
     if (port_ <= 0) return absl::UnavailableError("fake-daytona: cannot bind");
     listen_thread_ = std::thread([this] { server_.listen_after_bind(); });
     if (options_.timer_thread) {
