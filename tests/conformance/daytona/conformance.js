@@ -6,50 +6,15 @@
 // Prints one line per check and "N passed, N failed"; exits 1 on a failure.
 'use strict';
 
-const { spawn } = require('child_process');
-const readline = require('readline');
+const { check, expectError, startFake, finish } = require('../harness');
 const sdk = require('@daytonaio/sdk');
 const { Daytona } = sdk;
-
-let passed = 0;
-let failed = 0;
-function check(name, ok, detail) {
-  if (ok) {
-    passed++;
-    console.log(`ok   ${name}`);
-  } else {
-    failed++;
-    console.log(`FAIL ${name}${detail === undefined ? '' : ': ' + JSON.stringify(detail)}`);
-  }
-}
-async function expectError(name, fn, cls, extra) {
-  try {
-    const v = await fn();
-    check(name, false, { resolved: v });
-  } catch (e) {
-    const ok = e instanceof cls && (!extra || extra(e));
-    check(name, ok, ok ? undefined : { class: e.constructor.name, message: e.message, statusCode: e.statusCode });
-  }
-}
-
-function startFake(binary) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(binary, ['--port', '0', '--api-key', 'dtn_conformance_key'], {
-      stdio: ['ignore', 'pipe', 'inherit'],
-    });
-    child.on('error', reject);
-    readline.createInterface({ input: child.stdout }).once('line', (line) => {
-      const m = /^listening on (127\.0\.0\.1:\d+)$/.exec(line);
-      if (!m) reject(new Error(`unexpected first line: ${line}`));
-      else resolve({ child, apiUrl: `http://${m[1]}/api` });
-    });
-  });
-}
 
 async function main() {
   const binary = process.argv[2];
   if (!binary) throw new Error('usage: conformance.js FAKE_DAYTONA_BINARY');
-  const { child, apiUrl } = await startFake(binary);
+  const { child, address } = await startFake(binary, 'dtn_conformance_key');
+  const apiUrl = `http://${address}/api`;
   const daytona = new Daytona({ apiKey: 'dtn_conformance_key', apiUrl, target: 'us' });
   const created = [];
   try {
@@ -113,8 +78,7 @@ async function main() {
     for (const s of created) await daytona.delete(s).catch(() => {});
     child.kill('SIGTERM');
   }
-  console.log(`${passed} passed, ${failed} failed`);
-  return failed ? 1 : 0;
+  return finish();
 }
 
 main().then((code) => process.exit(code), (e) => { console.error(e); process.exit(1); });

@@ -5,50 +5,15 @@
 // Prints one line per check and "N passed, N failed"; exits 1 on a failure.
 'use strict';
 
-const { spawn } = require('child_process');
-const readline = require('readline');
+const { check, expectError, startFake, finish } = require('../harness');
 const e2b = require('e2b');
 const { Sandbox } = e2b;
-
-let passed = 0;
-let failed = 0;
-function check(name, ok, detail) {
-  if (ok) {
-    passed++;
-    console.log(`ok   ${name}`);
-  } else {
-    failed++;
-    console.log(`FAIL ${name}${detail === undefined ? '' : ': ' + JSON.stringify(detail)}`);
-  }
-}
-async function expectError(name, fn, cls, extra) {
-  try {
-    const v = await fn();
-    check(name, false, { resolved: v });
-  } catch (e) {
-    const ok = e instanceof cls && (!extra || extra(e));
-    check(name, ok, ok ? undefined : { class: e.constructor.name, message: e.message });
-  }
-}
-
-function startFake(binary) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(binary, ['--port', '0', '--api-key', 'e2b_conformance_key'], {
-      stdio: ['ignore', 'pipe', 'inherit'],
-    });
-    child.on('error', reject);
-    readline.createInterface({ input: child.stdout }).once('line', (line) => {
-      const m = /^listening on (127\.0\.0\.1:\d+)$/.exec(line);
-      if (!m) reject(new Error(`unexpected first line: ${line}`));
-      else resolve({ child, url: `http://${m[1]}` });
-    });
-  });
-}
 
 async function main() {
   const binary = process.argv[2];
   if (!binary) throw new Error('usage: conformance.js FAKE_E2B_BINARY');
-  const { child, url } = await startFake(binary);
+  const { child, address } = await startFake(binary, 'e2b_conformance_key');
+  const url = `http://${address}`;
   const opts = { apiKey: 'e2b_conformance_key', apiUrl: url, sandboxUrl: url };
   try {
     await expectError('create with a wrong key -> AuthenticationError',
@@ -112,8 +77,7 @@ async function main() {
   } finally {
     child.kill('SIGTERM');
   }
-  console.log(`${passed} passed, ${failed} failed`);
-  return failed ? 1 : 0;
+  return finish();
 }
 
 main().then((code) => process.exit(code), (e) => { console.error(e); process.exit(1); });
