@@ -4,6 +4,7 @@
 // (local namespaces, E2B, Daytona, ...). Plain types, no I/O, no gRPC.
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -40,6 +41,23 @@ absl::string_view LanguageName(Language language);
 
 enum class OutputStream { kStdout, kStderr };
 
+// Resources a session asks for (SessionSpec.resources); 0 = the provider's
+// default.
+struct SandboxResources {
+  int64_t memory_bytes = 0;
+  double cpus = 0;
+  int64_t pids = 0;
+  int64_t disk_bytes = 0;
+  bool empty() const { return memory_bytes == 0 && cpus == 0 && pids == 0 && disk_bytes == 0; }
+};
+
+// What a sandbox uses now (SessionInfo.usage).
+struct SandboxUsage {
+  int64_t memory_bytes = 0;
+  int64_t disk_bytes = 0;
+  double cpu_seconds = 0;
+};
+
 // What a new sandbox is for. Identity fields let a provider tag its remote
 // sandboxes so they can be traced back and reconciled.
 struct SandboxSpec {
@@ -50,6 +68,7 @@ struct SandboxSpec {
   Language language = Language::kPython;
   std::map<std::string, std::string> env;  // applied to every exec
   std::map<std::string, std::string> labels;
+  SandboxResources resources;
 };
 
 struct ExecRequest {
@@ -82,6 +101,8 @@ struct ExecResult {
   bool truncated = false;
   // Killed because `cancelled` returned true.
   bool cancelled = false;
+  // A process of the run was killed by the sandbox's memory limit.
+  bool oom_killed = false;
 };
 
 // One provider sandbox. Owned by exactly one session.
@@ -113,6 +134,11 @@ class Sandbox {
   // Tells the provider the sandbox is still in use (for providers with their
   // own idle timers). Idempotent.
   virtual absl::Status KeepAlive() { return absl::OkStatus(); }
+
+  // The limits applied to this sandbox, and what it uses now; nullopt when
+  // the provider does not know.
+  virtual std::optional<SandboxResources> Resources() const { return std::nullopt; }
+  virtual std::optional<SandboxUsage> Usage() const { return std::nullopt; }
 
   // Destroys the sandbox: kills what runs in it and frees its resources.
   // Idempotent; a sandbox that is already gone is success.

@@ -1,8 +1,21 @@
 #include "adapters/local/local_provider.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <grp.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <thread>
 
 #include <cerrno>
 #include <cstdlib>
@@ -11,12 +24,18 @@
 #include <set>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "adapters/api/output.h"
+#include "adapters/local/cgroup.h"
+#include "adapters/local/disk_image.h"
+#include "adapters/local/seccomp_filter.h"
 #include "adapters/local/workspace_fs.h"
+#include "common/clock.h"
 #include "common/config_reader.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -90,110 +109,241 @@ absl::Status MakeDirs(const std::string& path, mode_t mode) {
   return absl::OkStatus();
 }
 
+std::string DefaultInitPath() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  std::string exe = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+  return exe.substr(0, exe.rfind('/') + 1) + "sandbox-init";
+}
+
+// Docker's masked /proc paths: kernel addresses, keys and timers of the
+// whole host. Files get /dev/null, directories an empty read-only tmpfs.
+const char* const kProcMaskFiles[] = {"kcore",       "keys",        "kallsyms",   "latency_stats",
+                                      "timer_list",  "timer_stats", "sched_debug", "sysrq-trigger",
+                                      "kpagecount",  "kpageflags",  "kpagecgroup", "config.gz",
+                                      "modules",     "vmallocinfo", "slabinfo",   "pagetypeinfo"};
+const char* const kProcMaskDirs[] = {"acpi", "asound", "scsi", "fs", "irq", "bus", "driver"};
+
+// Reads what background processes write to a finished run's pipes, until
+// they close them, so a server started by an earlier run never dies of
+// SIGPIPE. The bytes are not part of any result.
+void DrainInBackground(std::vector<int> fds) {
+  std::thread([fds]() {
+    std::vector<int> open = fds;
+    char buf[16384];
+    while (!open.empty()) {
+      std::vector<struct pollfd> p;
+      for (int fd : open) p.push_back({fd, POLLIN, 0});
+      if (poll(p.data(), p.size(), -1) < 0 && errno != EINTR) break;
+      std::vector<int> keep;
+      for (const auto& e : p) {
+        if (!e.revents) {
+          keep.push_back(e.fd);
+          continue;
+        }
+        ssize_t r = read(e.fd, buf, sizeof(buf));
+        if (r > 0 || (r < 0 && (errno == EINTR || errno == EAGAIN))) {
+          keep.push_back(e.fd);
+        } else {
+          close(e.fd);
+        }
+      }
+      open.swap(keep);
+    }
+    for (int fd : open) close(fd);
+  }).detach();
+}
+
+absl::StatusOr<int> MemFd(const std::string& data) {
+  int fd = memfd_create("sandbox-input", MFD_CLOEXEC);
+  if (fd < 0) return absl::InternalError(absl::StrCat("memfd_create: ", strerror(errno)));
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t w = write(fd, data.data() + off, data.size() - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) {
+      close(fd);
+      return absl::InternalError(absl::StrCat("write memfd: ", strerror(errno)));
+    }
+    off += static_cast<size_t>(w);
+  }
+  lseek(fd, 0, SEEK_SET);
+  return fd;
+}
+
+std::string ReadSmallFile(const std::string& path) {
+  std::ifstream f(path);
+  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (s.size() > 2000) s = s.substr(s.size() - 2000);
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+// lchown every entry of a tree (a re-attached workspace gets a new uid).
+thread_local uid_t g_chown_uid;
+int ChownEntry(const char* path, const struct stat*, int, struct FTW*) {
+  (void)!lchown(path, g_chown_uid, g_chown_uid);
+  return 0;
+}
+void ChownTree(const std::string& path, uid_t uid) {
+  g_chown_uid = uid;
+  nftw(path.c_str(), ChownEntry, 64, FTW_PHYS);
+}
+
 class LocalSandbox final : public Sandbox {
  public:
+  struct Parts {
+    std::string id, dir, workspace;
+    int uid = -1;
+    LocalLimits limits;
+    int ctl = -1;
+    pid_t bwrap_pid = -1;
+    pid_t init_pid = -1;
+  };
+
   LocalSandbox(const LocalProvider* provider, std::shared_ptr<LocalProvider::UidPool> uids,
-               std::string id, std::string workspace, std::string tmp_dir, int uid,
-               const SandboxSpec& spec)
+               const CgroupFs* cgroups, Parts parts, const SandboxSpec& spec)
       : provider_(provider),
         uids_(std::move(uids)),
-        id_(std::move(id)),
-        workspace_(std::move(workspace)),
-        tmp_dir_(std::move(tmp_dir)),
-        uid_(uid),
+        cg_(cgroups),
+        p_(std::move(parts)),
         env_(spec.env),
-        fs_(workspace_, provider->config().mount_point, uid, uid,
+        fs_(p_.workspace, provider->config().mount_point, p_.uid, p_.uid,
             static_cast<size_t>(provider->config().max_transfer_bytes)),
-        tmp_fs_(tmp_dir_, "/tmp", uid, uid,
+        tmp_fs_(provider->config().isolation == "none"
+                    ? p_.dir + "/tmp"
+                    : absl::StrCat("/proc/", p_.init_pid, "/root/tmp"),
+                "/tmp", p_.uid, p_.uid,
                 static_cast<size_t>(provider->config().max_transfer_bytes)) {}
 
   ~LocalSandbox() override { (void)Destroy(); }
 
-  const std::string& id() const override { return id_; }
+  const std::string& id() const override { return p_.id; }
+
+  std::optional<SandboxResources> Resources() const override {
+    SandboxResources r;
+    if (cg_) {
+      r.memory_bytes = p_.limits.memory_bytes;
+      r.cpus = p_.limits.cpus;
+      r.pids = p_.limits.pids;
+    }
+    if (provider_->enforcement().disk) r.disk_bytes = p_.limits.disk_bytes;
+    return r;
+  }
+
+  std::optional<SandboxUsage> Usage() const override {
+    SandboxUsage u;
+    if (cg_) {
+      CgroupUsage c = cg_->Usage(p_.id);
+      u.memory_bytes = c.memory_bytes;
+      u.cpu_seconds = c.cpu_seconds;
+    }
+    struct statvfs v;
+    if (provider_->enforcement().disk && statvfs(p_.workspace.c_str(), &v) == 0) {
+      u.disk_bytes = static_cast<int64_t>((v.f_blocks - v.f_bfree) * v.f_frsize);
+    }
+    return u;
+  }
 
   absl::StatusOr<ExecResult> Exec(const ExecRequest& request) override {
     const LocalConfig& cfg = provider_->config();
-    ProcessSpec p;
     std::vector<std::string> cmd;
+    std::string stdin_data, fd3_data;
+    bool has_fd3 = false;
     if (!request.argv.empty()) {
       cmd = request.argv;
-      p.stdin_data = request.code;
-    } else
+      stdin_data = request.code;
+    } else {
       switch (request.language) {
         case Language::kPython:
           cmd = {"python3", "-u", "-"};  // unbuffered: output keeps program order
-          p.stdin_data = request.code;
+          stdin_data = request.code;
           break;
         case Language::kNode:
           cmd = {"node", "-"};
-          p.stdin_data = request.code;
+          stdin_data = request.code;
           break;
         case Language::kShell:
           cmd = {"bash", "/dev/fd/3"};
-          p.fd3_data = request.code;
+          fd3_data = request.code;
+          has_fd3 = true;
           break;
       }
+    }
     std::string cwd = request.cwd;
     if (!cwd.empty()) RETURN_IF_ERROR(CheckCwd(cwd));
-    p.argv = provider_->WrapCommand(workspace_, cmd, tmp_dir_, cwd);
-    const std::string home = cfg.isolation == "none" ? workspace_ : cfg.mount_point;
+    const bool none = cfg.isolation == "none";
+    if (cwd.empty()) cwd = none ? p_.workspace : cfg.mount_point;
+    const std::string home = none ? p_.workspace : cfg.mount_point;
     std::map<std::string, std::string> env = {
         {"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", home}, {"LANG", "C.UTF-8"}};
     if (!cfg.user_name.empty()) env["USER"] = cfg.user_name;
     for (const auto& [k, v] : env_) env[k] = v;
-    for (const auto& [k, v] : request.env) env[k] = v;
-    for (const auto& [k, v] : env) p.env.push_back(absl::StrCat(k, "=", v));
-    if (cfg.isolation == "none") {
-      // Without bwrap there is no PATH lookup by a wrapper.
-      p.argv[0] = cmd[0] == "python3" ? "/usr/bin/python3"
-                  : cmd[0] == "node"  ? "/usr/bin/node"
-                                      : "/bin/bash";
-      p.cwd = workspace_;
-      if (!request.argv.empty()) {
-        return absl::FailedPreconditionError("local: argv runs need isolation \"bwrap\"");
+    for (const auto& [k, v] : request.env) {
+      if (k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos) {
+        return absl::InvalidArgumentError(absl::StrCat("invalid env name \"", k, "\""));
       }
+      env[k] = v;
     }
-    p.uid = uid_;
-    p.gid = uid_;
-    p.limits.cpu_seconds = static_cast<uint64_t>(cfg.cpu_seconds);
-    p.limits.address_space_bytes = static_cast<uint64_t>(cfg.memory_bytes);
-    // RLIMIT_NPROC counts every process of the uid: only meaningful when the
-    // sandbox has a uid of its own.
-    p.limits.max_processes = uid_ >= 0 ? static_cast<uint64_t>(cfg.max_processes) : 0;
-    p.limits.file_size_bytes = static_cast<uint64_t>(cfg.file_size_bytes);
-    p.limits.open_files = static_cast<uint64_t>(cfg.open_files);
-    p.timeout = request.timeout;
-    p.max_output_bytes = request.max_output_bytes;
-    p.on_output = request.on_output;
-    p.cancelled = request.cancelled;
-    p.on_pid = [this](pid_t pid) {
-      absl::MutexLock l(&mu_);
-      if (pid > 0) {
-        ++running_;
-        pids_.insert(pid);
-        if (destroyed_) kill(-pid, SIGKILL);
-      } else {
-        --running_;
-      }
+
+    // The message: NUL-terminated fields (see sandbox_init.cc).
+    std::string msg;
+    auto field = [&msg](const std::string& f) {
+      msg.append(f.data(), strnlen(f.data(), f.size()));
+      msg.push_back('\0');
     };
+    field(cwd);
+    field(absl::StrCat(cmd.size()));
+    for (const auto& a : cmd) field(a);
+    field(absl::StrCat(env.size()));
+    for (const auto& [k, v] : env) field(absl::StrCat(k, "=", v));
+
+    int run_no;
     {
       absl::MutexLock l(&mu_);
-      if (destroyed_) {
-        return absl::FailedPreconditionError("local: sandbox is closed");
-      }
-      ++starting_;
+      if (destroyed_) return absl::FailedPreconditionError("local: sandbox is closed");
+      ++running_;
+      run_no = ++run_seq_;
     }
-    absl::StatusOr<ExecResult> r = RunProcess(p);
-    {
+    absl::Cleanup done = [this] {
       absl::MutexLock l(&mu_);
-      --starting_;
+      --running_;
+    };
+    const std::string run_cg = absl::StrCat("run-", run_no);
+    std::vector<int> cg_fds;
+    int64_t oom_before = 0;
+    if (cg_) {
+      ASSIGN_OR_RETURN(cg_fds, cg_->CreateChild(p_.id, run_cg));
+      oom_before = cg_->OomKills(p_.id, run_cg);
+    }
+    field(absl::StrCat(cg_fds.size()));
+    field(has_fd3 ? "1" : "0");
+    field(absl::StrCat(cfg.open_files));
+
+    absl::StatusOr<ExecResult> r =
+        RunInContainer(msg, stdin_data, has_fd3 ? &fd3_data : nullptr, cg_fds, run_cg, request);
+    for (int fd : cg_fds) close(fd);
+    if (cg_) {
+      if (r.ok() && cg_->OomKills(p_.id, run_cg) > oom_before) r->oom_killed = true;
+      if (cg_->Empty(p_.id, run_cg)) (void)cg_->Remove(p_.id, run_cg);
     }
     return r;
   }
 
   absl::Status WriteFile(absl::string_view path, absl::string_view data) override {
     RETURN_IF_ERROR(CheckOpen());
-    return FsFor(path).Write(path, data);
+    const WorkspaceFs& fs = FsFor(path);
+    if (&fs != &tmp_fs_ || p_.uid < 0 || provider_->config().isolation == "none") {
+      return fs.Write(path, data);
+    }
+    // The container's /tmp belongs to its user namespace, where the host's
+    // root has no uid: create files as the sandbox's uid (this thread only).
+    syscall(SYS_setfsgid, p_.uid);
+    syscall(SYS_setfsuid, p_.uid);
+    absl::Status s = fs.Write(path, data);
+    syscall(SYS_setfsuid, 0);
+    syscall(SYS_setfsgid, 0);
+    return s;
   }
 
   absl::StatusOr<std::optional<std::string>> ReadFile(absl::string_view path) override {
@@ -206,27 +356,222 @@ class LocalSandbox final : public Sandbox {
       absl::MutexLock l(&mu_);
       if (destroyed_) return absl::OkStatus();
       destroyed_ = true;
-      for (pid_t pid : pids_) kill(-pid, SIGKILL);
-      // Runs reap their own children; wait until every one has.
-      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return running_ == 0 && starting_ == 0;
-      };
+    }
+    // Everything in the container dies; init exits when its socket closes,
+    // which takes the pid namespace (and any process left in it) along.
+    if (cg_) cg_->Kill(p_.id);
+    {
+      absl::MutexLock l(&ctl_mu_);
+      close(p_.ctl);
+      p_.ctl = -1;
+    }
+    if (p_.bwrap_pid > 0) {
+      kill(p_.bwrap_pid, SIGKILL);
+      waitpid(p_.bwrap_pid, nullptr, 0);
+    }
+    if (cg_) cg_->Kill(p_.id);
+    {
+      absl::MutexLock l(&mu_);
+      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return running_ == 0; };
       mu_.Await(absl::Condition(&idle));
     }
-    absl::Status s = RemoveTree(workspace_);
-    if (!tmp_dir_.empty()) {
-      absl::Status t = RemoveTree(tmp_dir_);
-      if (s.ok()) s = t;
-    }
-    if (uid_ >= 0 && uids_) uids_->Release(uid_);
-    Log(LogLevel::kDebug, "local.sandbox_destroyed", {{"sandbox_id", id_}});
+    absl::Status s = provider_->RemoveSandbox(p_.id);
+    if (p_.uid >= 0 && uids_) uids_->Release(p_.uid);
+    Log(LogLevel::kDebug, "local.sandbox_destroyed", {{"sandbox_id", p_.id}});
     return s;
   }
 
  private:
-  // /tmp paths go to the persistent /tmp when the sandbox has one.
+  // Sends one run to init and collects its output until its main process
+  // exits. Background processes it leaves keep their pipes (drained
+  // elsewhere) and never hold the run up.
+  absl::StatusOr<ExecResult> RunInContainer(const std::string& msg, const std::string& stdin_data,
+                                            const std::string* fd3_data,
+                                            const std::vector<int>& cg_fds,
+                                            const std::string& run_cg,
+                                            const ExecRequest& request) {
+    std::vector<int> to_close;
+    absl::Cleanup close_all = [&to_close] {
+      for (int fd : to_close) close(fd);
+    };
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+      return absl::InternalError(absl::StrCat("socketpair: ", strerror(errno)));
+    }
+    const int run_sock = sv[0];
+    absl::Cleanup close_run = [run_sock] { close(run_sock); };
+    to_close.push_back(sv[1]);
+    int in_fd;
+    if (stdin_data.empty()) {
+      in_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    } else {
+      ASSIGN_OR_RETURN(in_fd, MemFd(stdin_data));
+    }
+    to_close.push_back(in_fd);
+    int fd3 = -1;
+    if (fd3_data) {
+      ASSIGN_OR_RETURN(fd3, MemFd(*fd3_data));
+      to_close.push_back(fd3);
+    }
+    // Without a per-stream consumer, stdout and stderr share one pipe: the
+    // output is then in exact write order. Streaming needs them apart.
+    const bool split = static_cast<bool>(request.on_output);
+    int out[2], err[2] = {-1, -1};
+    if (pipe2(out, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
+    to_close.push_back(out[1]);
+    if (split && pipe2(err, O_CLOEXEC) != 0) {
+      close(out[0]);
+      return absl::InternalError("pipe failed");
+    }
+    if (split) to_close.push_back(err[1]);
+    std::vector<int> readers = {out[0]};
+    if (split) readers.push_back(err[0]);
+
+    std::vector<int> fds = {sv[1], in_fd, out[1], split ? err[1] : out[1]};
+    if (fd3 >= 0) fds.push_back(fd3);
+    fds.insert(fds.end(), cg_fds.begin(), cg_fds.end());
+    {
+      struct iovec iov = {const_cast<char*>(msg.data()), msg.size()};
+      std::vector<char> cbuf(CMSG_SPACE(sizeof(int) * fds.size()));
+      struct msghdr mh = {};
+      mh.msg_iov = &iov;
+      mh.msg_iovlen = 1;
+      mh.msg_control = cbuf.data();
+      mh.msg_controllen = cbuf.size();
+      struct cmsghdr* c = CMSG_FIRSTHDR(&mh);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+      memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+      absl::MutexLock l(&ctl_mu_);
+      if (p_.ctl < 0 || sendmsg(p_.ctl, &mh, MSG_NOSIGNAL) < 0) {
+        for (int fd : readers) close(fd);
+        if (p_.ctl < 0) return absl::FailedPreconditionError("local: sandbox is closed");
+        return SandboxGoneError(absl::StrCat("local: the sandbox's container is gone (",
+                                             strerror(errno), ")"));
+      }
+    }
+    std::move(close_all).Invoke();
+
+    Clock* clock = Clock::Real();  // a child process runs in real time
+    const absl::Time deadline = clock->Monotonic() + request.timeout;
+    OutputCollector collector(request.max_output_bytes, request.on_output);
+    bool exited = false, killed = false, timed_out = false, cancelled = false, gone = false;
+    absl::Time kill_deadline = absl::InfiniteFuture();
+    int status = 0;
+    char buf[64 * 1024];
+    auto kill_run = [&] {
+      if (killed) return;
+      killed = true;
+      (void)!send(run_sock, "K", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (cg_) cg_->Kill(p_.id, run_cg);
+      kill_deadline = clock->Monotonic() + absl::Seconds(10);
+    };
+    auto read_some = [&](size_t i, bool* eof) {
+      ssize_t r = read(readers[i], buf, sizeof(buf));
+      if (r > 0) {
+        collector.Append(i == 0 ? OutputStream::kStdout : OutputStream::kStderr,
+                         absl::string_view(buf, static_cast<size_t>(r)));
+        return true;
+      }
+      if (r < 0 && (errno == EINTR || errno == EAGAIN)) return false;
+      *eof = true;
+      return false;
+    };
+    std::vector<bool> eof(readers.size(), false);
+    while (!exited && !gone) {
+      const absl::Time now = clock->Monotonic();
+      if (!killed && now >= deadline) {
+        timed_out = true;
+        kill_run();
+      }
+      if (!killed && request.cancelled && request.cancelled()) {
+        cancelled = true;
+        kill_run();
+      }
+      if (killed && now >= kill_deadline) {
+        gone = true;
+        break;
+      }
+      absl::Duration wait = killed ? kill_deadline - now : deadline - now;
+      if (request.cancelled) wait = std::min(wait, absl::Milliseconds(50));
+      int wait_ms = static_cast<int>(
+          std::max<int64_t>(0, absl::ToInt64Milliseconds(wait + absl::Microseconds(999))));
+      std::vector<struct pollfd> pf;
+      std::vector<size_t> which;
+      for (size_t i = 0; i < readers.size(); ++i) {
+        if (eof[i]) continue;
+        pf.push_back({readers[i], POLLIN, 0});
+        which.push_back(i);
+      }
+      pf.push_back({run_sock, POLLIN, 0});
+      int pr = poll(pf.data(), pf.size(), wait_ms);
+      if (pr < 0 && errno != EINTR) break;
+      if (pr <= 0) continue;
+      for (size_t k = 0; k + 1 < pf.size(); ++k) {
+        if (pf[k].revents) {
+          bool e = false;
+          read_some(which[k], &e);
+          if (e) eof[which[k]] = true;
+        }
+      }
+      if (pf.back().revents) {
+        char reply[64];
+        ssize_t n = recv(run_sock, reply, sizeof(reply) - 1, MSG_DONTWAIT);
+        if (n > 2 && reply[0] == 'X') {
+          reply[n] = 0;
+          status = atoi(reply + 2);
+          exited = true;
+        } else if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+          gone = true;
+        }
+      }
+    }
+    // What the main process wrote is in the pipes now: take it without
+    // waiting for EOF, which background processes may hold off forever.
+    std::vector<int> leftover;
+    for (size_t i = 0; i < readers.size(); ++i) {
+      if (!eof[i]) {
+        fcntl(readers[i], F_SETFL, fcntl(readers[i], F_GETFL) | O_NONBLOCK);
+        bool e = false;
+        while (read_some(i, &e)) {
+        }
+        if (!e) {
+          leftover.push_back(readers[i]);
+          continue;
+        }
+      }
+      close(readers[i]);
+    }
+    if (!leftover.empty()) DrainInBackground(std::move(leftover));
+    if (gone && !exited && !timed_out && !cancelled) {
+      bool closed;
+      {
+        absl::MutexLock l(&mu_);
+        closed = destroyed_;
+      }
+      // Closed while running: the run was killed with its sandbox.
+      if (!closed) return SandboxGoneError("local: the sandbox's container is gone");
+      status = SIGKILL;
+    }
+    ExecResult result;
+    result.truncated = collector.truncated();
+    result.output = collector.Take();
+    result.timed_out = timed_out;
+    result.cancelled = cancelled;
+    if (timed_out) {
+      result.exit_code = 124;
+    } else if (WIFEXITED(status)) {
+      result.exit_code = WEXITSTATUS(status);
+    } else if (WIFSIGNALED(status)) {
+      result.exit_code = 128 + WTERMSIG(status);
+    }
+    return result;
+  }
+
+  // /tmp paths go to the container's /tmp.
   const WorkspaceFs& FsFor(absl::string_view path) const {
-    if (!tmp_dir_.empty() && (path == "/tmp" || absl::StartsWith(path, "/tmp/"))) return tmp_fs_;
+    if (path == "/tmp" || absl::StartsWith(path, "/tmp/")) return tmp_fs_;
     return fs_;
   }
 
@@ -238,10 +583,13 @@ class LocalSandbox final : public Sandbox {
     if (cwd.empty() || cwd.front() != '/' || cwd.find("/..") != std::string::npos) return missing();
     const std::string& mp = provider_->config().mount_point;
     std::string host;
+    const std::string tmp_root = provider_->config().isolation == "none"
+                                     ? p_.dir + "/tmp"
+                                     : absl::StrCat("/proc/", p_.init_pid, "/root/tmp");
     if (cwd == mp || absl::StartsWith(cwd, mp + "/")) {
-      host = workspace_ + cwd.substr(mp.size());
-    } else if (!tmp_dir_.empty() && (cwd == "/tmp" || absl::StartsWith(cwd, "/tmp/"))) {
-      host = tmp_dir_ + cwd.substr(4);
+      host = p_.workspace + cwd.substr(mp.size());
+    } else if (cwd == "/tmp" || absl::StartsWith(cwd, "/tmp/")) {
+      host = tmp_root + cwd.substr(4);
     } else if (cwd == "/" || absl::StartsWith(cwd, "/usr/") || cwd == "/usr") {
       host = cwd;
     } else {
@@ -260,41 +608,87 @@ class LocalSandbox final : public Sandbox {
 
   const LocalProvider* const provider_;
   const std::shared_ptr<LocalProvider::UidPool> uids_;
-  const std::string id_;
-  const std::string workspace_;
-  const std::string tmp_dir_;  // persistent /tmp on the host, or empty
-  const int uid_;
+  const CgroupFs* const cg_;  // null when cgroups are not enforced
+  Parts p_;
   const std::map<std::string, std::string> env_;
   const WorkspaceFs fs_;
   const WorkspaceFs tmp_fs_;
 
+  absl::Mutex ctl_mu_;  // serializes sends on p_.ctl
   absl::Mutex mu_;
   bool destroyed_ ABSL_GUARDED_BY(mu_) = false;
-  int running_ ABSL_GUARDED_BY(mu_) = 0;   // started, not yet reaped
-  int starting_ ABSL_GUARDED_BY(mu_) = 0;  // inside Exec
-  std::set<pid_t> pids_ ABSL_GUARDED_BY(mu_);
+  int running_ ABSL_GUARDED_BY(mu_) = 0;  // inside Exec
+  int run_seq_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+LocalLimits ReadLimits(ConfigReader& parent, const std::string& key, const LocalLimits& def) {
+  ConfigReader r(parent.Object(key), parent.KeyPath(key));
+  LocalLimits l;
+  l.memory_bytes = r.Int("memory_bytes", def.memory_bytes, 0);
+  l.pids = r.Int("pids", def.pids, 0);
+  l.disk_bytes = r.Int("disk_bytes", def.disk_bytes, 0);
+  l.disk_inodes = r.Int("disk_inodes", def.disk_inodes, 0);
+  l.tmp_bytes = r.Int("tmp_bytes", def.tmp_bytes, 0);
+  l.cpus = def.cpus;
+  if (r.Has("cpus")) {
+    const nlohmann::json& j = parent.Object(key)["cpus"];
+    if (!j.is_number() || j.get<double>() < 0 || j.get<double>() > 1024) {
+      r.Fail("cpus", "must be a number of CPUs between 0 and 1024");
+    } else {
+      l.cpus = j.get<double>();
+    }
+    (void)r.Object("cpus");
+  }
+  if (l.memory_bytes != 0 && l.memory_bytes < (int64_t{32} << 20)) {
+    r.Fail("memory_bytes", "must be 0 (unlimited) or at least 33554432 (32 MiB)");
+  }
+  if (l.pids != 0 && l.pids < 8) r.Fail("pids", "must be 0 (unlimited) or at least 8");
+  if (l.disk_bytes != 0 && l.disk_bytes < (int64_t{16} << 20)) {
+    r.Fail("disk_bytes", "must be 0 (no quota) or at least 16777216 (16 MiB)");
+  }
+  if (l.disk_inodes != 0 && l.disk_inodes < 1024) {
+    r.Fail("disk_inodes", "must be 0 (the filesystem's default) or at least 1024");
+  }
+  absl::Status s = r.Finish();
+  if (!s.ok()) parent.Fail(key, std::string(s.message()));
+  return l;
+}
 
 }  // namespace
 
 absl::StatusOr<LocalConfig> ParseLocalConfig(const nlohmann::json& json) {
   LocalConfig c;
   ConfigReader r(json, "providers.local");
+  // Per-process rlimits of the old per-run sandbox: the cgroup limits of
+  // the whole sandbox replace them.
+  const std::pair<const char*, const char*> retired[] = {
+      {"memory_bytes", "limits.memory_bytes (memory of the whole sandbox)"},
+      {"max_processes", "limits.pids (processes of the whole sandbox)"},
+      {"cpu_seconds", "limits.cpus (a CPU share; runs end by their timeout)"},
+      {"file_size_bytes", "limits.disk_bytes (the workspace quota)"}};
+  for (const auto& [key, now] : retired) {
+    if (r.Has(key)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "providers.local.", key, ": retired; use providers.local.", now, " (see README)"));
+    }
+  }
   c.isolation = r.Enum("isolation", c.isolation, {"bwrap", "none"});
   c.bwrap_path = r.String("bwrap_path", c.bwrap_path, false);
   c.workspace_root = r.String("workspace_root", c.workspace_root);
   c.mount_point = r.String("mount_point", c.mount_point, false);
   c.uid_base = r.Int("uid_base", c.uid_base, 1000, 2000000000);
   c.uid_count = r.Int("uid_count", c.uid_count, 1, 1000000);
-  c.cpu_seconds = r.Int("cpu_seconds", c.cpu_seconds, 1);
-  c.memory_bytes = r.Int("memory_bytes", c.memory_bytes, 64 << 20);
-  c.max_processes = r.Int("max_processes", c.max_processes, 1);
-  c.file_size_bytes = r.Int("file_size_bytes", c.file_size_bytes, 1);
   c.open_files = r.Int("open_files", c.open_files, 16);
   c.max_transfer_bytes = r.Int("max_transfer_bytes", c.max_transfer_bytes, 1);
   c.extra_ro_paths = r.StringList("extra_ro_paths");
   c.user_name = r.String("user_name", c.user_name);
   c.persistent_tmp = r.Bool("persistent_tmp", c.persistent_tmp);
+  c.limits = ReadLimits(r, "limits", c.limits);
+  c.max_limits = ReadLimits(r, "max_limits", c.max_limits);
+  c.enforcement = r.Enum("enforcement", c.enforcement, {"strict", "best_effort"});
+  c.cgroup_root = r.String("cgroup_root", c.cgroup_root, false);
+  c.cgroup_parent = r.String("cgroup_parent", c.cgroup_parent, false);
+  c.init_path = r.String("init_path", c.init_path);
   RETURN_IF_ERROR(r.Finish());
   if (c.mount_point.front() != '/' || c.mount_point == "/" ||
       c.mount_point.find("..") != std::string::npos) {
@@ -313,6 +707,22 @@ absl::StatusOr<LocalConfig> ParseLocalConfig(const nlohmann::json& json) {
           "providers.local.extra_ro_paths: entries must be absolute paths");
     }
   }
+  if (c.cgroup_parent.find("..") != std::string::npos || c.cgroup_parent.front() == '/') {
+    return absl::InvalidArgumentError(
+        "providers.local.cgroup_parent: must be a relative cgroup path without '..'");
+  }
+  // Defaults above an explicit maximum would fail every session.
+  auto over = [&](const char* f, double v, double m) -> absl::Status {
+    if (m > 0 && v > m) {
+      return absl::InvalidArgumentError(absl::StrCat("providers.local.limits.", f, ": ", v,
+                                                     " is above max_limits.", f, " (", m, ")"));
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(over("memory_bytes", c.limits.memory_bytes, c.max_limits.memory_bytes));
+  RETURN_IF_ERROR(over("cpus", c.limits.cpus, c.max_limits.cpus));
+  RETURN_IF_ERROR(over("pids", c.limits.pids, c.max_limits.pids));
+  RETURN_IF_ERROR(over("disk_bytes", c.limits.disk_bytes, c.max_limits.disk_bytes));
   return c;
 }
 
@@ -338,7 +748,24 @@ LocalProvider::LocalProvider(LocalConfig config, std::shared_ptr<UidPool> uids)
   for (const auto& p : config_.extra_ro_paths) {
     system_args_.insert(system_args_.end(), {"--ro-bind-try", p, p});
   }
+  // Only paths this kernel has: bwrap cannot create files in /proc.
+  for (const char* f : kProcMaskFiles) {
+    std::string p = absl::StrCat("/proc/", f);
+    struct stat st;
+    if (lstat(p.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+      proc_masks_.insert(proc_masks_.end(), {"--ro-bind", "/dev/null", p});
+    }
+  }
+  for (const char* d : kProcMaskDirs) {
+    std::string p = absl::StrCat("/proc/", d);
+    struct stat st;
+    if (lstat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      proc_masks_.insert(proc_masks_.end(), {"--tmpfs", p, "--remount-ro", p});
+    }
+  }
 }
+
+LocalProvider::~LocalProvider() = default;
 
 std::vector<std::string> LocalProvider::WrapCommand(const std::string& workspace,
                                                     const std::vector<std::string>& command,
@@ -374,46 +801,415 @@ std::vector<std::string> LocalProvider::WrapCommand(const std::string& workspace
   return a;
 }
 
+
+std::vector<std::string> LocalProvider::ContainerArgs(const std::string& workspace,
+                                                      const LocalLimits& limits) const {
+  if (config_.isolation == "none") return {config_.init_path};
+  std::vector<std::string> a = {config_.bwrap_path,
+                                "--unshare-user",
+                                "--disable-userns",
+                                "--unshare-pid",
+                                "--unshare-net",
+                                "--unshare-ipc",
+                                "--unshare-uts",
+                                "--unshare-cgroup-try",
+                                "--as-pid-1",
+                                "--new-session",
+                                "--cap-drop",
+                                "ALL",
+                                "--hostname",
+                                "sandbox"};
+  a.insert(a.end(), system_args_.begin(), system_args_.end());
+  if (!config_.user_name.empty()) {
+    const std::string etc = absl::StrCat(config_.workspace_root, "/.etc");
+    a.insert(a.end(), {"--uid", "1000", "--gid", "1000", "--ro-bind", etc + "/passwd",
+                       "/etc/passwd", "--ro-bind", etc + "/group", "/etc/group"});
+  }
+  a.insert(a.end(), {"--proc", "/proc"});
+  a.insert(a.end(), proc_masks_.begin(), proc_masks_.end());
+  a.insert(a.end(), {"--dev", "/dev"});
+  // /tmp and /dev/shm: tmpfs whose pages count against the memory limit;
+  // together at most tmp_bytes (3/4 for /tmp, 1/4 for /dev/shm).
+  if (limits.tmp_bytes > 0) {
+    a.insert(a.end(), {"--size", absl::StrCat(limits.tmp_bytes - limits.tmp_bytes / 4), "--perms",
+                       "1777", "--tmpfs", "/tmp", "--size", absl::StrCat(limits.tmp_bytes / 4),
+                       "--perms", "1777", "--tmpfs", "/dev/shm"});
+  } else {
+    a.insert(a.end(), {"--perms", "1777", "--tmpfs", "/tmp"});
+  }
+  a.insert(a.end(), {"--bind", workspace, config_.mount_point, "--ro-bind", config_.init_path,
+                     "/.sandbox-init", "--seccomp", "4", "--chdir", config_.mount_point, "--",
+                     "/.sandbox-init"});
+  return a;
+}
+
+absl::StatusOr<LocalLimits> LocalProvider::LimitsFor(const SandboxResources& req) const {
+  LocalLimits l = config_.limits;
+  const LocalLimits& m = config_.max_limits;
+  auto check = [](const char* field, double v, double max) -> absl::Status {
+    if (v < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("resources.", field, ": must not be negative"));
+    }
+    if (max > 0 && v > max) {
+      return absl::InvalidArgumentError(absl::StrCat("resources.", field, ": ", v,
+                                                     " is above the maximum ", max,
+                                                     " (providers.local.max_limits.", field, ")"));
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(check("memory_bytes", static_cast<double>(req.memory_bytes),
+                        static_cast<double>(m.memory_bytes)));
+  RETURN_IF_ERROR(check("cpus", req.cpus, m.cpus));
+  RETURN_IF_ERROR(check("pids", static_cast<double>(req.pids), static_cast<double>(m.pids)));
+  RETURN_IF_ERROR(check("disk_bytes", static_cast<double>(req.disk_bytes),
+                        static_cast<double>(m.disk_bytes)));
+  if (req.memory_bytes > 0) {
+    if (req.memory_bytes < (int64_t{32} << 20)) {
+      return absl::InvalidArgumentError("resources.memory_bytes: must be at least 33554432 (32 MiB)");
+    }
+    l.memory_bytes = req.memory_bytes;
+  }
+  if (req.cpus > 0) l.cpus = req.cpus;
+  if (req.pids > 0) {
+    if (req.pids < 8) return absl::InvalidArgumentError("resources.pids: must be at least 8");
+    l.pids = req.pids;
+  }
+  if (req.disk_bytes > 0) {
+    if (req.disk_bytes < (int64_t{16} << 20)) {
+      return absl::InvalidArgumentError("resources.disk_bytes: must be at least 16777216 (16 MiB)");
+    }
+    l.disk_bytes = req.disk_bytes;
+  }
+  return l;
+}
+
+std::string LocalProvider::SandboxDir(const std::string& id) const {
+  return absl::StrCat(config_.workspace_root, "/", id);
+}
+
+std::vector<std::string> LocalProvider::ListSandboxIds() const {
+  std::vector<std::string> out;
+  if (DIR* d = opendir(config_.workspace_root.c_str())) {
+    while (struct dirent* e = readdir(d)) {
+      if (absl::StartsWith(e->d_name, "local-")) out.push_back(e->d_name);
+    }
+    closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+absl::Status LocalProvider::RemoveSandbox(const std::string& id) const {
+  if (id.empty() || id.find('/') != std::string::npos || id[0] == '.') {
+    return absl::InvalidArgumentError(absl::StrCat("local: bad sandbox id \"", id, "\""));
+  }
+  const std::string dir = SandboxDir(id);
+  absl::Status s;
+  if (cgroups_) {
+    cgroups_->Kill(id);
+    s = cgroups_->Remove(id);
+  }
+  absl::Status u = UnmountDisk(dir + "/workspace");
+  if (s.ok()) s = u;
+  if (!u.ok()) return s;  // never delete through a mount we could not detach
+  absl::Status t = RemoveTree(dir);
+  if (s.ok()) s = t;
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Attach(const std::string& id,
+                                                              const SandboxSpec& spec) {
+  if (id.empty() || id.find('/') != std::string::npos || id[0] == '.') {
+    return absl::InvalidArgumentError(absl::StrCat("local: bad sandbox id \"", id, "\""));
+  }
+  struct stat st;
+  if (stat((SandboxDir(id) + "/workspace").c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat("local: no workspace for sandbox ", id));
+  }
+  // Whatever a killed broker left running in it dies first.
+  if (cgroups_ && cgroups_->Exists(id)) {
+    cgroups_->Kill(id);
+    (void)cgroups_->Remove(id);
+  }
+  return Start(id, spec, /*fresh=*/false);
+}
+
+absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Start(const std::string& id,
+                                                             const SandboxSpec& spec,
+                                                             bool fresh) {
+  ASSIGN_OR_RETURN(LocalLimits limits, LimitsFor(spec.resources));
+  LocalSandbox::Parts parts;
+  parts.id = id;
+  parts.dir = SandboxDir(id);
+  parts.workspace = parts.dir + "/workspace";
+  parts.limits = limits;
+  int uid = -1;
+  if (uids_) {
+    ASSIGN_OR_RETURN(uid, uids_->Acquire());
+  }
+  parts.uid = uid;
+  // On any failure below, nothing is left behind (a fresh sandbox) or the
+  // workspace stays as it was (an attach).
+  bool ok = false;
+  absl::Cleanup undo = [&] {
+    if (ok) return;
+    if (cgroups_) {
+      cgroups_->Kill(id);
+      (void)cgroups_->Remove(id);
+    }
+    if (fresh) {
+      (void)RemoveSandbox(id);
+    } else {
+      (void)UnmountDisk(parts.workspace);
+    }
+    if (uid >= 0) uids_->Release(uid);
+  };
+  auto fail = [&](absl::string_view what, int err) {
+    return absl::InternalError(absl::StrCat("local: ", what, ": ", strerror(err)));
+  };
+  if (fresh) {
+    if (mkdir(parts.dir.c_str(), 0711) != 0) return fail("create sandbox directory", errno);
+    if (mkdir(parts.workspace.c_str(), 0700) != 0) return fail("create workspace", errno);
+  }
+  const bool disk = enforcement_.disk && limits.disk_bytes > 0;
+  const std::string image = parts.dir + "/disk.img";
+  if (disk) {
+    struct stat st;
+    if (fresh || stat(image.c_str(), &st) != 0) {
+      absl::Status s = CreateDiskImage(image, limits.disk_bytes, limits.disk_inodes, uid);
+      if (!s.ok()) return s;
+    }
+    if (!IsMountPoint(parts.workspace)) {
+      absl::Status s = MountDiskImage(image, parts.workspace);
+      if (!s.ok()) return s;
+    }
+    if (fresh) rmdir((parts.workspace + "/lost+found").c_str());
+  }
+  if (uid >= 0) {
+    if (fresh) {
+      if (chown(parts.workspace.c_str(), static_cast<uid_t>(uid), static_cast<gid_t>(uid)) != 0) {
+        return fail("chown workspace", errno);
+      }
+    } else {
+      ChownTree(parts.workspace, static_cast<uid_t>(uid));
+    }
+  }
+  chmod(parts.workspace.c_str(), 0700);
+  if (config_.isolation == "none") {
+    const std::string tmp = parts.dir + "/tmp";
+    if (mkdir(tmp.c_str(), 01777) != 0 && errno != EEXIST) return fail("create tmp", errno);
+  }
+
+  std::vector<int> init_cg;
+  absl::Cleanup close_cg = [&init_cg] {
+    for (int fd : init_cg) close(fd);
+  };
+  if (cgroups_) {
+    CgroupLimits cl;
+    cl.memory_bytes = limits.memory_bytes;
+    cl.cpus = limits.cpus;
+    cl.pids = limits.pids;
+    RETURN_IF_ERROR(cgroups_->CreateSandbox(id, cl));
+    ASSIGN_OR_RETURN(init_cg, cgroups_->CreateChild(id, "init"));
+  }
+
+  // Spawn the container with init's control socket on fd 3 and the seccomp
+  // program on fd 4.
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return fail("socketpair", errno);
+  int one = 1;
+  setsockopt(sv[0], SOL_SOCKET, SO_PASSCRED, &one, sizeof(one));
+  parts.ctl = sv[0];
+  absl::Cleanup close_ctl = [&] {
+    if (!ok) close(sv[0]);
+  };
+  absl::Cleanup close_remote = [&] { close(sv[1]); };
+  int seccomp_fd = -1;
+  if (config_.isolation != "none") {
+    ASSIGN_OR_RETURN(seccomp_fd, MemFd(seccomp_bpf_));
+  }
+  absl::Cleanup close_seccomp = [seccomp_fd] {
+    if (seccomp_fd >= 0) close(seccomp_fd);
+  };
+  const std::string log_path = parts.dir + "/container.log";
+  int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (log_fd < 0) return fail("create container.log", errno);
+  absl::Cleanup close_log = [log_fd] { close(log_fd); };
+  const std::vector<std::string> args = ContainerArgs(parts.workspace, limits);
+  std::vector<char*> argv;
+  for (const auto& s : args) argv.push_back(const_cast<char*>(s.c_str()));
+  argv.push_back(nullptr);
+  char path_env[] = "PATH=/usr/local/bin:/usr/bin:/bin";
+  char* envp[] = {path_env, nullptr};
+  const std::string ws = parts.workspace;
+  const bool none = config_.isolation == "none";
+  pid_t pid = fork();
+  if (pid < 0) return fail("fork", errno);
+  if (pid == 0) {
+    // Async-signal-safe calls only.
+    for (int fd : init_cg) {
+      if (write(fd, "0", 1) != 1) _exit(126);
+    }
+    sigset_t none_set;
+    sigemptyset(&none_set);
+    sigprocmask(SIG_SETMASK, &none_set, nullptr);
+    setsid();
+    int devnull = open("/dev/null", O_RDONLY);
+    dup2(devnull, 0);
+    dup2(log_fd, 1);
+    dup2(log_fd, 2);
+    if (dup2(sv[1], 3) < 0) _exit(126);
+    if (seccomp_fd >= 0 && dup2(seccomp_fd, 4) < 0) _exit(126);
+    syscall(SYS_close_range, seccomp_fd >= 0 ? 5 : 4, ~0U, 0);
+    fcntl(3, F_SETFD, 0);
+    if (seccomp_fd >= 0) fcntl(4, F_SETFD, 0);
+    if (uid >= 0) {
+      if (setgroups(0, nullptr) != 0 || setgid(static_cast<gid_t>(uid)) != 0 ||
+          setuid(static_cast<uid_t>(uid)) != 0) {
+        _exit(126);
+      }
+    }
+    if (none && chdir(ws.c_str()) != 0) _exit(126);
+    execve(argv[0], argv.data(), envp);
+    _exit(127);
+  }
+  parts.bwrap_pid = pid;
+  std::move(close_remote).Invoke();
+  // Ready: "R" from init, whose credentials carry its pid as we see it.
+  struct pollfd pf = {sv[0], POLLIN, 0};
+  int pr;
+  do {
+    pr = poll(&pf, 1, 30000);
+  } while (pr < 0 && errno == EINTR);
+  char c = 0;
+  char cbuf[CMSG_SPACE(sizeof(struct ucred))];
+  struct iovec iov = {&c, 1};
+  struct msghdr mh = {};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = cbuf;
+  mh.msg_controllen = sizeof(cbuf);
+  ssize_t n = pr > 0 ? recvmsg(sv[0], &mh, MSG_DONTWAIT) : -1;
+  for (struct cmsghdr* cm = CMSG_FIRSTHDR(&mh); n == 1 && cm; cm = CMSG_NXTHDR(&mh, cm)) {
+    if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_CREDENTIALS) {
+      struct ucred cr;
+      memcpy(&cr, CMSG_DATA(cm), sizeof(cr));
+      parts.init_pid = cr.pid;
+    }
+  }
+  if (n != 1 || c != 'R' || parts.init_pid <= 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    std::string why = ReadSmallFile(log_path);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "local: the sandbox container did not start (", why.empty() ? "no output" : why, ")"));
+  }
+  ok = true;
+  return std::unique_ptr<Sandbox>(new LocalSandbox(this, uids_, cgroups_.get(), std::move(parts), spec));
+}
+
+absl::Status LocalProvider::ProbeEnforcement() {
+  std::vector<std::string> missing;
+  if (config_.isolation == "none") {
+    missing.push_back("isolation is \"none\"");
+  } else {
+    auto cg = CgroupFs::Detect(config_.cgroup_root, config_.cgroup_parent);
+    if (!cg.ok()) {
+      missing.push_back(std::string(cg.status().message()));
+    } else {
+      // Prove we can create and limit a group.
+      const std::string probe = absl::StrCat(".probe-", RandomHex(6));
+      CgroupLimits l;
+      l.memory_bytes = 64 << 20;
+      l.pids = 16;
+      l.cpus = 1;
+      absl::Status s = cg->CreateSandbox(probe, l);
+      (void)cg->Remove(probe);
+      if (s.ok()) {
+        cgroups_ = std::make_unique<CgroupFs>(*cg);
+        enforcement_.cgroups = true;
+      } else {
+        missing.push_back(absl::StrCat(cg->Describe(), " is not writable: ", s.message()));
+      }
+    }
+    // Disk quotas: a loop-mounted ext4 image needs root, mkfs.ext4 and loop.
+    const std::string dir = absl::StrCat(config_.workspace_root, "/.probe-disk-", RandomHex(6));
+    absl::Status d;
+    if (geteuid() != 0) {
+      d = absl::FailedPreconditionError("not running as root");
+    } else if (access("/usr/sbin/mkfs.ext4", X_OK) != 0) {
+      d = absl::FailedPreconditionError("mkfs.ext4 missing (install e2fsprogs)");
+    } else if (mkdir(dir.c_str(), 0700) != 0 || mkdir((dir + "/mnt").c_str(), 0700) != 0) {
+      d = absl::FailedPreconditionError(absl::StrCat("cannot create ", dir));
+    } else {
+      d = CreateDiskImage(dir + "/img", 16 << 20, 1024, -1);
+      if (d.ok()) d = MountDiskImage(dir + "/img", dir + "/mnt");
+      (void)UnmountDisk(dir + "/mnt");
+    }
+    (void)RemoveTree(dir);
+    if (d.ok()) {
+      enforcement_.disk = true;
+    } else {
+      missing.push_back(absl::StrCat("no disk quota (loop-mounted ext4): ", d.message()));
+    }
+  }
+  enforcement_.detail =
+      missing.empty()
+          ? absl::StrCat("limits enforced: ", cgroups_->Describe(), "; workspace quota: loop-mounted ext4")
+          : absl::StrCat("limits NOT enforced: ", absl::StrJoin(missing, "; "));
+  if (missing.empty()) return absl::OkStatus();
+  if (config_.enforcement == "best_effort" || config_.isolation == "none") {
+    Log(LogLevel::kWarning, "local.enforcement_best_effort",
+        {{"message",
+          absl::StrCat("providers.local.enforcement is \"best_effort\": sandboxes run WITHOUT "
+                       "some kernel-enforced limits (",
+                       enforcement_.detail, "); one sandbox can take the host's memory, CPU or disk")}});
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "local: cannot enforce sandbox limits here: ", absl::StrJoin(missing, "; "),
+      ". Fix that, or set providers.local.enforcement to \"best_effort\" to run without them"));
+}
+
 absl::Status LocalProvider::Probe() {
   if (config_.isolation == "none") {
     Log(LogLevel::kWarning, "local.isolation_none",
         {{"message",
           "providers.local.isolation is \"none\": sandboxed code runs WITHOUT "
           "isolation, with the broker's view of the machine; development only"}});
-    return absl::OkStatus();
-  }
-  if (access(config_.bwrap_path.c_str(), X_OK) != 0) {
+  } else if (access(config_.bwrap_path.c_str(), X_OK) != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("local: bubblewrap not found at ", config_.bwrap_path,
                      " (install the bubblewrap package, or set providers.local.bwrap_path)"));
   }
-  // One real sandbox, the way runs will use it.
-  std::string ws = absl::StrCat(config_.workspace_root, "/.probe-", RandomHex(8));
-  if (mkdir(ws.c_str(), 0700) != 0) {
+  if (access(config_.init_path.c_str(), X_OK) != 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("local: cannot create ", ws, ": ", strerror(errno)));
+        absl::StrCat("local: sandbox-init not found at ", config_.init_path,
+                     " (install it next to the broker, or set providers.local.init_path)"));
   }
-  int uid = -1;
-  if (uids_) {
-    auto u = uids_->Acquire();
-    if (!u.ok()) return u.status();
-    uid = *u;
-    (void)!chown(ws.c_str(), static_cast<uid_t>(uid), static_cast<gid_t>(uid));
+  if (config_.isolation != "none") {
+    ASSIGN_OR_RETURN(seccomp_bpf_, BuildSeccompBpf());
   }
-  ProcessSpec p;
-  p.argv = WrapCommand(ws, {"/bin/sh", "-c", "exit 0"});
-  p.env = {"PATH=/usr/bin:/bin"};
-  p.uid = uid;
-  p.gid = uid;
-  p.timeout = absl::Seconds(30);
-  auto r = RunProcess(p);
-  (void)RemoveTree(ws);
-  if (uid >= 0) uids_->Release(uid);
+  RETURN_IF_ERROR(ProbeEnforcement());
+  // One real sandbox, the way sessions will use it.
+  SandboxSpec spec;
+  spec.resources.disk_bytes = enforcement_.disk ? (16 << 20) : 0;
+  auto sb = Start(absl::StrCat("local-probe-", RandomHex(8)), spec, true);
+  absl::StatusOr<ExecResult> r = sb.ok() ? (*sb)->Exec([] {
+    ExecRequest q;
+    q.language = Language::kShell;
+    q.code = "exit 0";
+    q.timeout = absl::Seconds(30);
+    return q;
+  }())
+                                         : absl::StatusOr<ExecResult>(sb.status());
+  if (sb.ok()) (void)(*sb)->Destroy();
   if (!r.ok() || r->exit_code != 0) {
     std::string why = r.ok() ? r->output : std::string(r.status().message());
     while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
     return absl::FailedPreconditionError(
-        absl::StrCat("local: bubblewrap cannot create namespaces here (", why,
+        absl::StrCat("local: bubblewrap cannot create the sandbox container here (", why,
                      "); enable unprivileged user namespaces, or set "
                      "providers.local.isolation to \"none\" for development only"));
   }
@@ -422,6 +1218,7 @@ absl::Status LocalProvider::Probe() {
 
 absl::StatusOr<std::unique_ptr<LocalProvider>> LocalProvider::Create(LocalConfig config) {
   if (config.workspace_root.empty()) config.workspace_root = DefaultWorkspaceRoot();
+  if (config.init_path.empty()) config.init_path = DefaultInitPath();
   RETURN_IF_ERROR(MakeDirs(config.workspace_root, 0711));
   std::shared_ptr<UidPool> uids;
   if (geteuid() == 0 && config.isolation == "bwrap") {
@@ -450,33 +1247,7 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Create(const SandboxSpec
       return absl::InvalidArgumentError(absl::StrCat("invalid env name \"", k, "\""));
     }
   }
-  std::string id = absl::StrCat("local-", RandomHex(12));
-  std::string ws = absl::StrCat(config_.workspace_root, "/", id);
-  int uid = -1;
-  if (uids_) {
-    ASSIGN_OR_RETURN(uid, uids_->Acquire());
-  }
-  if (mkdir(ws.c_str(), 0700) != 0 ||
-      (uid >= 0 && chown(ws.c_str(), static_cast<uid_t>(uid), static_cast<gid_t>(uid)) != 0)) {
-    int err = errno;
-    rmdir(ws.c_str());
-    if (uid >= 0) uids_->Release(uid);
-    return absl::InternalError(absl::StrCat("local: create workspace: ", strerror(err)));
-  }
-  std::string tmp;
-  if (config_.persistent_tmp) {
-    tmp = absl::StrCat(ws, ".tmp");
-    if (mkdir(tmp.c_str(), 01777) != 0 || chmod(tmp.c_str(), 01777) != 0 ||
-        (uid >= 0 && chown(tmp.c_str(), static_cast<uid_t>(uid), static_cast<gid_t>(uid)) != 0)) {
-      int err = errno;
-      (void)RemoveTree(ws);
-      (void)RemoveTree(tmp);
-      if (uid >= 0) uids_->Release(uid);
-      return absl::InternalError(absl::StrCat("local: create tmp: ", strerror(err)));
-    }
-  }
-  return std::unique_ptr<Sandbox>(
-      new LocalSandbox(this, uids_, std::move(id), std::move(ws), std::move(tmp), uid, spec));
+  return Start(absl::StrCat("local-", RandomHex(12)), spec, /*fresh=*/true);
 }
 
 }  // namespace sandbox

@@ -12,6 +12,28 @@
 
 namespace sandbox {
 
+class CgroupFs;
+
+// Limits of one local sandbox; 0 = none.
+struct LocalLimits {
+  int64_t memory_bytes = int64_t{1} << 30;  // all processes + /tmp + /dev/shm
+  double cpus = 1.0;                        // CFS quota
+  int64_t pids = 256;
+  int64_t disk_bytes = int64_t{1} << 30;  // workspace quota
+  int64_t disk_inodes = 100000;
+  int64_t tmp_bytes = int64_t{256} << 20;  // /tmp and /dev/shm together
+  static LocalLimits Max() {
+    LocalLimits m;
+    m.memory_bytes = int64_t{8} << 30;
+    m.cpus = 4;
+    m.pids = 4096;
+    m.disk_bytes = int64_t{16} << 30;
+    m.disk_inodes = 2000000;
+    m.tmp_bytes = int64_t{4} << 30;
+    return m;
+  }
+};
+
 // Settings of the local provider (config key providers.local).
 struct LocalConfig {
   // "bwrap": each run in bubblewrap namespaces (user, pid, net, ipc, uts),
@@ -28,12 +50,21 @@ struct LocalConfig {
   // [uid_base, uid_base + uid_count), so process limits are per sandbox.
   int64_t uid_base = 600000;
   int64_t uid_count = 4096;
-  // Per-run limits.
-  int64_t cpu_seconds = 300;
-  int64_t memory_bytes = int64_t{1} << 30;  // address space
-  int64_t max_processes = 128;
-  int64_t file_size_bytes = int64_t{256} << 20;
+  // Per-process open files (RLIMIT_NOFILE).
   int64_t open_files = 1024;
+  // Per-sandbox limits the kernel enforces (providers.local.limits), and the
+  // most a session may ask for (providers.local.max_limits).
+  LocalLimits limits;
+  LocalLimits max_limits = LocalLimits::Max();
+  // "strict": refuse to start unless cgroups and disk quotas work here.
+  // "best_effort": run without whatever is missing (logged loudly, shown by
+  // health).
+  std::string enforcement = "strict";
+  // The cgroup filesystem (a seam for tests) and our group under it.
+  std::string cgroup_root = "/sys/fs/cgroup";
+  std::string cgroup_parent = "sandbox-broker";
+  // The container's PID 1 (sandbox-init); empty = next to this executable.
+  std::string init_path;
   // Largest file WriteFile/ReadFile moves.
   int64_t max_transfer_bytes = int64_t{16} << 20;
   // Extra host paths made visible read-only at the same place.
@@ -42,16 +73,26 @@ struct LocalConfig {
   // matching /etc/passwd and /etc/group entries, home = mount_point), as in
   // cloud sandbox images (E2B's "user", Daytona's "daytona").
   std::string user_name;
-  // Keep /tmp for the sandbox's whole life (shared by its runs, reachable by
-  // WriteFile/ReadFile) instead of a fresh /tmp per run.
-  bool persistent_tmp = false;
+  // Retired: /tmp now always lasts the sandbox's life (one container per
+  // session). Accepted for old configs.
+  bool persistent_tmp = true;
 };
 
 // Reads providers.local; INVALID_ARGUMENT naming the key on bad values.
 absl::StatusOr<LocalConfig> ParseLocalConfig(const nlohmann::json& json);
 
-// Runs each sandbox on this machine: a private workspace directory and, per
-// run, a bubblewrap container around python3 / node / bash.
+// What the machine enforces, found at startup.
+struct LocalEnforcement {
+  bool cgroups = false;  // memory, cpu, pids limits per sandbox
+  bool disk = false;     // workspace quota (loop-mounted ext4 image)
+  std::string detail;    // why something is missing, or the mechanisms used
+};
+
+// Runs each sandbox on this machine as one long-lived container per session:
+// bubblewrap namespaces around our sandbox-init as PID 1, one cgroup, one
+// disk image; runs are fork+exec inside it. Everything of sandbox <id> lives
+// under workspace_root/<id>/ (workspace/, disk.img, container.log) and in
+// the cgroup <cgroup_parent>/<id>.
 //
 // Thread-safe.
 class LocalProvider final : public Provider {
@@ -60,8 +101,26 @@ class LocalProvider final : public Provider {
   // workspace root. FAILED_PRECONDITION with the reason when it cannot.
   static absl::StatusOr<std::unique_ptr<LocalProvider>> Create(LocalConfig config);
 
+  ~LocalProvider() override;
   absl::string_view name() const override { return "local"; }
   absl::StatusOr<std::unique_ptr<Sandbox>> Create(const SandboxSpec& spec) override;
+
+  // For crash recovery (durable sessions). Sandbox ids found under
+  // workspace_root (live or left by a killed broker).
+  std::vector<std::string> ListSandboxIds() const;
+  // A new container on the existing workspace of sandbox `id` (files
+  // survive, processes do not). NOT_FOUND when there is no such workspace.
+  absl::StatusOr<std::unique_ptr<Sandbox>> Attach(const std::string& id, const SandboxSpec& spec);
+  // Kills whatever is left of sandbox `id` (cgroup), unmounts its disk and
+  // removes its directory. Missing is OK. Not for a sandbox in use.
+  absl::Status RemoveSandbox(const std::string& id) const;
+  // The directory of sandbox `id` (its workspace is <dir>/workspace).
+  std::string SandboxDir(const std::string& id) const;
+
+  // The limits a session gets: the config's, overridden by the request's
+  // nonzero fields. INVALID_ARGUMENT naming the field and the maximum.
+  absl::StatusOr<LocalLimits> LimitsFor(const SandboxResources& requested) const;
+  const LocalEnforcement& enforcement() const { return enforcement_; }
 
   // Arguments that wrap `command` in the sandbox (bwrap options included);
   // exposed for benchmarks that run the same invocation without the broker.
@@ -76,12 +135,21 @@ class LocalProvider final : public Provider {
  private:
   LocalProvider(LocalConfig config, std::shared_ptr<UidPool> uids);
   absl::Status Probe();
+  absl::Status ProbeEnforcement();
+  absl::StatusOr<std::unique_ptr<Sandbox>> Start(const std::string& id, const SandboxSpec& spec,
+                                                 bool fresh);
+  std::vector<std::string> ContainerArgs(const std::string& workspace,
+                                         const LocalLimits& limits) const;
 
   const LocalConfig config_;
   // Set when running as root: one uid per sandbox. Shared with sandboxes,
   // which give their uid back when destroyed.
   const std::shared_ptr<UidPool> uids_;
   std::vector<std::string> system_args_;  // bwrap options for /usr, /etc, ...
+  std::vector<std::string> proc_masks_;   // bwrap options masking /proc paths
+  std::string seccomp_bpf_;
+  LocalEnforcement enforcement_;
+  std::unique_ptr<CgroupFs> cgroups_;  // null when not enforced
 };
 
 }  // namespace sandbox

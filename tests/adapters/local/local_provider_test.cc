@@ -25,8 +25,9 @@ class LocalProviderTest : public ::testing::Test {
     LocalConfig c;
     c.workspace_root = dir_.path() + "/ws";
     c.uid_base = 610000;
-    c.max_processes = 32;
-    c.memory_bytes = int64_t{1} << 30;
+    c.limits.pids = 32;
+    c.limits.memory_bytes = int64_t{512} << 20;
+    c.limits.disk_bytes = int64_t{64} << 20;
     auto p = LocalProvider::Create(c);
     ASSERT_TRUE(p.ok()) << p.status();
     provider_ = std::move(*p);
@@ -136,17 +137,25 @@ TEST_F(LocalProviderTest, ResourceLimitsHold) {
            "for i in $(seq 64); do sleep 2 & done 2>&1 | grep -c 'Resource temporarily' "
            ">/dev/null && echo limited; wait");
   EXPECT_NE(procs.output.find("limited"), std::string::npos) << procs.output;
+  // Past the sandbox's memory: the kernel kills the run, the sandbox lives.
   ExecResult mem = Exec(Language::kPython,
-                        "try:\n  b = bytearray(3 << 30)\n  print('allocated')\n"
-                        "except MemoryError:\n  print('memory limited')\n");
-  EXPECT_EQ(mem.output, "memory limited\n");
+                        "print('start', flush=True)\nb = b'x' * (700 << 20)\nprint('allocated')\n");
+  EXPECT_TRUE(mem.oom_killed);
+  EXPECT_EQ(mem.exit_code, 137);
+  EXPECT_EQ(mem.output, "start\n");
+  EXPECT_EQ(Exec(Language::kPython, "print(42)").output, "42\n");
 }
 
-TEST_F(LocalProviderTest, SystemIsReadOnlyAndTmpIsPrivatePerRun) {
+TEST_F(LocalProviderTest, SystemIsReadOnlyAndTmpLastsTheSandboxsLife) {
   ExecResult r =
       Exec(Language::kShell, "touch /usr/x 2>/dev/null || echo ro; echo t > /tmp/t && cat /tmp/t");
   EXPECT_EQ(r.output, "ro\nt\n");
-  EXPECT_EQ(Exec(Language::kShell, "ls /tmp | wc -l").output, "0\n");
+  EXPECT_EQ(Exec(Language::kShell, "cat /tmp/t").output, "t\n");
+  EXPECT_EQ(**sandbox_->ReadFile("/tmp/t"), "t\n");
+  absl::Status w = sandbox_->WriteFile("/tmp/api", "from api");
+  ASSERT_TRUE(w.ok()) << w;
+  EXPECT_EQ(Exec(Language::kShell, "cat /tmp/api; stat -c %U /tmp/api").output.substr(0, 8),
+            "from api");
 }
 
 TEST_F(LocalProviderTest, FilesMoveBetweenTheApiAndCode) {
@@ -179,6 +188,7 @@ TEST_F(LocalProviderTest, SandboxesDoNotSeeEachOther) {
 TEST_F(LocalProviderTest, DestroyKillsRunningCodeAndRemovesTheWorkspace) {
   ASSERT_TRUE(sandbox_->WriteFile("f", "x").ok());
   const std::string ws = dir_.path() + "/ws/" + sandbox_->id();
+  ASSERT_EQ(access((ws + "/workspace/f").c_str(), F_OK), 0);
   ASSERT_EQ(access(ws.c_str(), F_OK), 0);
   absl::Notification started, done;
   absl::StatusOr<ExecResult> result;

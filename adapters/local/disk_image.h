@@ -1,0 +1,25 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace sandbox {
+
+// A sandbox's workspace quota: a sparse ext4 image (bytes = its size, inodes
+// fixed at mkfs time) mounted through a loop device. Writes past it fail in
+// the kernel with ENOSPC; the host disk grows by at most `bytes`.
+
+// Creates the sparse image file with an empty ext4 filesystem whose root
+// directory belongs to uid:gid (-1 = root).
+absl::Status CreateDiskImage(const std::string& image, int64_t bytes, int64_t inodes, int uid);
+// Mounts the image at `dir` (nosuid, nodev) on a loop device that is freed
+// when it is unmounted.
+absl::Status MountDiskImage(const std::string& image, const std::string& dir);
+// Whether something is mounted exactly at `dir`.
+bool IsMountPoint(const std::string& dir);
+// Unmounts `dir` if mounted (lazily when busy). Missing or unmounted is OK.
+absl::Status UnmountDisk(const std::string& dir);
+
+}  // namespace sandbox
