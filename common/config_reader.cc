@@ -62,6 +62,21 @@ int64_t ConfigReader::Int(const std::string& key, int64_t def, int64_t min, int6
   return n;
 }
 
+double ConfigReader::Number(const std::string& key, double def, double min, double max) {
+  const nlohmann::json* v = Get(key);
+  if (v == nullptr) return def;
+  if (!v->is_number()) {
+    Fail(key, "must be a number");
+    return def;
+  }
+  double n = v->get<double>();
+  if (!(n >= min && n <= max)) {
+    Fail(key, absl::StrCat("must be between ", min, " and ", max));
+    return def;
+  }
+  return n;
+}
+
 std::string ConfigReader::String(const std::string& key, const std::string& def, bool allow_empty) {
   const nlohmann::json* v = Get(key);
   if (v == nullptr) return def;

@@ -28,6 +28,8 @@ class ConfigReader {
   ConfigReader(const nlohmann::json& json, std::string path);
 
   int64_t Int(const std::string& key, int64_t def, int64_t min = 0, int64_t max = INT64_MAX);
+  // Any JSON number (integer or not) in [min, max].
+  double Number(const std::string& key, double def, double min, double max);
   std::string String(const std::string& key, const std::string& def, bool allow_empty = true);
   bool Bool(const std::string& key, bool def);
   // One of `choices`.

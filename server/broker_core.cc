@@ -1,5 +1,7 @@
 #include "server/broker_core.h"
 
+#include <cmath>
+
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -142,6 +144,19 @@ absl::StatusOr<CreateOptions> BrokerCore::ToCreateOptions(const pb::SessionSpec&
   RETURN_IF_ERROR(ValidateEnv(spec.env(), "spec.env"));
   o.env.insert(spec.env().begin(), spec.env().end());
   o.labels.insert(spec.labels().begin(), spec.labels().end());
+  if (spec.has_resources()) {
+    const pb::Resources& r = spec.resources();
+    // Each provider checks its own maximum; negative is wrong everywhere.
+    if (r.memory_bytes() < 0 || r.cpus() < 0 || r.pids() < 0 || r.disk_bytes() < 0 ||
+        !std::isfinite(r.cpus())) {
+      return absl::InvalidArgumentError(
+          "spec.resources: memory_bytes, cpus, pids and disk_bytes must be >= 0 (0 = default)");
+    }
+    o.resources.memory_bytes = r.memory_bytes();
+    o.resources.cpus = r.cpus();
+    o.resources.pids = r.pids();
+    o.resources.disk_bytes = r.disk_bytes();
+  }
   for (const pb::File& f : spec.files()) {
     ASSIGN_OR_RETURN(std::string data, Decode(f.contents(), f.encoding(),
                                               absl::StrCat("spec.files[", f.path(), "]")));
@@ -174,6 +189,17 @@ void BrokerCore::ToInfo(const SessionView& v, pb::SessionInfo* info) const {
   info->set_template_(v.template_name);
   info->mutable_labels()->insert(v.labels.begin(), v.labels.end());
   info->set_calls_in_flight(v.calls_in_flight);
+  if (v.resources) {
+    info->mutable_resources()->set_memory_bytes(v.resources->memory_bytes);
+    info->mutable_resources()->set_cpus(v.resources->cpus);
+    info->mutable_resources()->set_pids(v.resources->pids);
+    info->mutable_resources()->set_disk_bytes(v.resources->disk_bytes);
+  }
+  if (v.usage) {
+    info->mutable_usage()->set_memory_bytes(v.usage->memory_bytes);
+    info->mutable_usage()->set_disk_bytes(v.usage->disk_bytes);
+    info->mutable_usage()->set_cpu_seconds(v.usage->cpu_seconds);
+  }
 }
 
 absl::StatusOr<pb::SessionInfo> BrokerCore::StartSession(const CallContext& ctx,
@@ -260,11 +286,13 @@ absl::StatusOr<pb::RunResult> BrokerCore::Exec(
   if (!exec.ok()) return DropIfGone(ctx, session_id, std::move(lease), exec.status());
   ExecResult& r = *exec;
   if (metrics_) metrics_->RunFinished(lease.provider(), r.output.size(), r.timed_out);
+  if (metrics_ && r.oom_killed) metrics_->OomKilled(lease.provider());
   pb::RunResult out;
   out.set_output(RepairUtf8(r.output));
   out.set_exit_code(r.exit_code);
   out.set_timed_out(r.timed_out);
   out.set_truncated(r.truncated);
+  out.set_oom_killed(r.oom_killed);
   out.set_duration_ms(absl::ToInt64Milliseconds(clock_->Monotonic() - start));
   if (r.cancelled) return absl::CancelledError("the call was cancelled; the run was killed");
   return out;
@@ -291,6 +319,9 @@ absl::StatusOr<pb::WriteFileResponse> BrokerCore::WriteFile(const CallContext& c
   ASSIGN_OR_RETURN(Lease lease, sessions_->Acquire(ctx.tenant, req.session_id(), &o));
   if (ctx.provider) *ctx.provider = lease.provider();
   if (absl::Status s = lease.sandbox()->WriteFile(req.path(), data); !s.ok()) {
+    if (metrics_ && s.code() == absl::StatusCode::kResourceExhausted) {
+      metrics_->QuotaHit(lease.provider(), "disk");
+    }
     return DropIfGone(ctx, req.session_id(), std::move(lease), s);
   }
   pb::WriteFileResponse resp;

@@ -71,7 +71,15 @@ Metrics::Metrics()
       timeouts_(prometheus::BuildCounter()
                     .Name("sandbox_broker_run_timeouts_total")
                     .Help("Runs killed by their timeout")
-                    .Register(*registry_)) {}
+                    .Register(*registry_)),
+      oom_kills_(prometheus::BuildCounter()
+                     .Name("sandbox_broker_oom_kills_total")
+                     .Help("Runs with a process killed by the sandbox's memory limit")
+                     .Register(*registry_)),
+      quota_hits_(prometheus::BuildCounter()
+                      .Name("sandbox_broker_quota_hits_total")
+                      .Help("Writes refused by a sandbox quota")
+                      .Register(*registry_)) {}
 
 void Metrics::SessionCreated(const std::string& provider, const std::string& tenant,
                              absl::Duration took) {
@@ -128,6 +136,14 @@ void Metrics::CallFinished(const std::string& method, const std::string& provide
 
 void Metrics::ProviderError(const std::string& provider, const std::string& code) {
   provider_errors_.Add({{"provider", provider}, {"code", code}}).Increment();
+}
+
+void Metrics::OomKilled(const std::string& provider) {
+  oom_kills_.Add({{"provider", provider}}).Increment();
+}
+
+void Metrics::QuotaHit(const std::string& provider, const std::string& what) {
+  quota_hits_.Add({{"provider", provider}, {"quota", what}}).Increment();
 }
 
 void Metrics::RunFinished(const std::string& provider, size_t output_bytes, bool timed_out) {

@@ -35,6 +35,10 @@ class Metrics {
                     absl::Duration took);
   void ProviderError(const std::string& provider, const std::string& code);
   void RunFinished(const std::string& provider, size_t output_bytes, bool timed_out);
+  // A run's process killed by its sandbox's memory limit.
+  void OomKilled(const std::string& provider);
+  // A write refused by a sandbox quota (`what`: "disk").
+  void QuotaHit(const std::string& provider, const std::string& what);
 
  private:
   // Cached handles, keyed by their label values joined with '\x1f': the
@@ -57,6 +61,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& provider_errors_;
   prometheus::Family<prometheus::Counter>& output_bytes_;
   prometheus::Family<prometheus::Counter>& timeouts_;
+  prometheus::Family<prometheus::Counter>& oom_kills_;
+  prometheus::Family<prometheus::Counter>& quota_hits_;
 };
 
 }  // namespace sandbox

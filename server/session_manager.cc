@@ -212,6 +212,7 @@ absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Sessi
   spec.language = o.language;
   spec.env = o.env;
   spec.labels = o.labels;
+  spec.resources = o.resources;
   const absl::Time start = clock_->Monotonic();
   absl::StatusOr<std::unique_ptr<Sandbox>> created = provider->Create(spec);
   absl::Status status = created.status();
@@ -345,6 +346,10 @@ SessionView SessionManager::ViewLocked(const Session& s) const {
   v.template_name = s.template_name;
   v.labels = s.labels;
   v.calls_in_flight = s.inflight;
+  if (s.sandbox) {
+    v.resources = s.sandbox->Resources();
+    v.usage = s.sandbox->Usage();
+  }
   return v;
 }
 

@@ -36,6 +36,7 @@ struct CreateOptions {
   bool language_set = false;
   std::map<std::string, std::string> env;
   std::map<std::string, std::string> labels;
+  SandboxResources resources;  // SessionSpec.resources
   // Seed files: written before the first call runs; (path, bytes).
   std::vector<std::pair<std::string, std::string>> files;
 };
@@ -56,6 +57,9 @@ struct SessionView {
   std::string template_name;
   std::map<std::string, std::string> labels;
   int calls_in_flight = 0;
+  // Limits applied and current use, when the provider reports them.
+  std::optional<SandboxResources> resources;
+  std::optional<SandboxUsage> usage;
 };
 
 // Why a session ended, for logs and metrics.

@@ -264,6 +264,13 @@ std::string FormatRunResult(const pb::RunResult& r) {
   j["exitCode"] = r.exit_code();
   if (r.timed_out()) j["timedOut"] = true;
   if (r.truncated()) j["truncated"] = true;
+  if (r.oom_killed()) {
+    j["oomKilled"] = true;
+    j["note"] =
+        "A process was killed because the sandbox ran out of memory (its memory limit). "
+        "Use less memory (smaller data, streaming, fewer processes) and try again; "
+        "files and the session are still there.";
+  }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 

@@ -299,6 +299,16 @@ absl::StatusOr<std::unique_ptr<Sandbox>> DaytonaProvider::Create(const SandboxSp
   }
   p.auto_stop_minutes = config_.auto_stop_minutes;
   p.auto_delete_minutes = config_.auto_delete_minutes;
+  // Daytona sizes sandboxes in whole CPUs and GiB: round requests up.
+  if (spec.resources.pids > 0) {
+    return absl::FailedPreconditionError(
+        "daytona: resources.pids is not supported (Daytona's create API takes cpu, memory "
+        "and disk only)");
+  }
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  if (spec.resources.cpus > 0) p.cpu = static_cast<int64_t>(std::ceil(spec.resources.cpus));
+  if (spec.resources.memory_bytes > 0) p.memory_gib = (spec.resources.memory_bytes + kGiB - 1) / kGiB;
+  if (spec.resources.disk_bytes > 0) p.disk_gib = (spec.resources.disk_bytes + kGiB - 1) / kGiB;
   Clock* clock = Clock::Real();
   const absl::Time deadline = clock->Monotonic() + absl::Seconds(config_.create_timeout_seconds);
   ASSIGN_OR_RETURN(HttpResponse resp, Api("POST", "/sandbox", daytona::CreateSandboxBody(p)));

@@ -19,6 +19,9 @@ std::string CreateSandboxBody(const CreateParams& p) {
   if (!p.target.empty()) j["target"] = p.target;
   if (p.auto_stop_minutes >= 0) j["autoStopInterval"] = p.auto_stop_minutes;
   if (p.auto_delete_minutes >= -1) j["autoDeleteInterval"] = p.auto_delete_minutes;
+  if (p.cpu > 0) j["cpu"] = p.cpu;
+  if (p.memory_gib > 0) j["memory"] = p.memory_gib;
+  if (p.disk_gib > 0) j["disk"] = p.disk_gib;
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 

@@ -26,6 +26,10 @@ struct CreateParams {
   std::map<std::string, std::string> labels;  // the language label included
   int64_t auto_stop_minutes = -1;             // <0 = not sent
   int64_t auto_delete_minutes = -2;           // <-1 = not sent
+  // Resources (0 = not sent): whole CPUs, memory and disk in GiB.
+  int64_t cpu = 0;
+  int64_t memory_gib = 0;
+  int64_t disk_gib = 0;
 };
 std::string CreateSandboxBody(const CreateParams& p);
 

@@ -392,6 +392,11 @@ absl::StatusOr<HttpResponse> E2BProvider::ControlRequest(const std::string& meth
 }
 
 absl::StatusOr<std::unique_ptr<Sandbox>> E2BProvider::Create(const SandboxSpec& spec) {
+  if (!spec.resources.empty()) {
+    return absl::FailedPreconditionError(
+        "e2b: spec.resources cannot be set: an E2B sandbox's CPU, memory and disk are decided "
+        "by its template (build a template with the size you need and pass it as spec.template)");
+  }
   std::map<std::string, std::string> metadata = spec.labels;
   metadata["sandbox-broker.tenant"] = spec.tenant;
   metadata["sandbox-broker.session-id"] = spec.session_id;

@@ -629,16 +629,7 @@ LocalLimits ReadLimits(ConfigReader& parent, const std::string& key, const Local
   l.disk_bytes = r.Int("disk_bytes", def.disk_bytes, 0);
   l.disk_inodes = r.Int("disk_inodes", def.disk_inodes, 0);
   l.tmp_bytes = r.Int("tmp_bytes", def.tmp_bytes, 0);
-  l.cpus = def.cpus;
-  if (r.Has("cpus")) {
-    const nlohmann::json& j = parent.Object(key)["cpus"];
-    if (!j.is_number() || j.get<double>() < 0 || j.get<double>() > 1024) {
-      r.Fail("cpus", "must be a number of CPUs between 0 and 1024");
-    } else {
-      l.cpus = j.get<double>();
-    }
-    (void)r.Object("cpus");
-  }
+  l.cpus = r.Number("cpus", def.cpus, 0, 1024);
   if (l.memory_bytes != 0 && l.memory_bytes < (int64_t{32} << 20)) {
     r.Fail("memory_bytes", "must be 0 (unlimited) or at least 33554432 (32 MiB)");
   }
@@ -852,8 +843,13 @@ absl::StatusOr<LocalLimits> LocalProvider::LimitsFor(const SandboxResources& req
           absl::StrCat("resources.", field, ": must not be negative"));
     }
     if (max > 0 && v > max) {
-      return absl::InvalidArgumentError(absl::StrCat("resources.", field, ": ", v,
-                                                     " is above the maximum ", max,
+      auto num = [](double d) {
+        return d == static_cast<double>(static_cast<int64_t>(d))
+                   ? absl::StrCat(static_cast<int64_t>(d))
+                   : absl::StrCat(d);
+      };
+      return absl::InvalidArgumentError(absl::StrCat("resources.", field, ": ", num(v),
+                                                     " is above the maximum ", num(max),
                                                      " (providers.local.max_limits.", field, ")"));
     }
     return absl::OkStatus();

@@ -1,0 +1,140 @@
+// CgroupFs against fake cgroup trees (plain directories and files in a temp
+// dir): what it writes for cgroup v1 and v2, and what it reads back.
+
+#include "adapters/local/cgroup.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "tests/testing/temp_dir.h"
+
+namespace sandbox {
+namespace {
+
+std::string Read(const std::string& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void Write(const std::string& p, const std::string& v) { std::ofstream(p) << v; }
+
+TEST(CgroupFsV2, DetectsTheUnifiedHierarchyAndWritesLimits) {
+  TempDir dir;
+  const std::string root = dir.path();
+  Write(root + "/cgroup.controllers", "cpuset cpu io memory hugetlb pids rdma misc\n");
+  auto cg = CgroupFs::Detect(root, "sb");
+  ASSERT_TRUE(cg.ok()) << cg.status();
+  EXPECT_EQ(cg->version(), 2);
+  CgroupLimits l;
+  l.memory_bytes = 512 << 20;
+  l.cpus = 1.5;
+  l.pids = 256;
+  // memory.swap.max exists on hosts with swap accounting.
+  mkdir((root + "/sb").c_str(), 0755);
+  mkdir((root + "/sb/s1").c_str(), 0755);
+  Write(root + "/sb/s1/memory.swap.max", "max\n");
+  ASSERT_TRUE(cg->CreateSandbox("s1", l).ok());
+  EXPECT_EQ(Read(root + "/cgroup.subtree_control"), "+memory +pids +cpu");
+  EXPECT_EQ(Read(root + "/sb/cgroup.subtree_control"), "+memory +pids +cpu");
+  EXPECT_EQ(Read(root + "/sb/s1/memory.max"), "536870912");
+  EXPECT_EQ(Read(root + "/sb/s1/memory.swap.max"), "0");
+  EXPECT_EQ(Read(root + "/sb/s1/pids.max"), "256");
+  EXPECT_EQ(Read(root + "/sb/s1/cpu.max"), "150000 100000");
+
+  auto fds = cg->CreateChild("s1", "run-1");
+  ASSERT_TRUE(fds.ok()) << fds.status();
+  EXPECT_EQ(fds->size(), 1u);  // one hierarchy
+  for (int fd : *fds) close(fd);
+  struct stat st;
+  EXPECT_EQ(stat((root + "/sb/s1/run-1").c_str(), &st), 0);
+
+  Write(root + "/sb/s1/memory.current", "12345\n");
+  Write(root + "/sb/s1/cpu.stat", "usage_usec 2500000\nuser_usec 2000000\n");
+  Write(root + "/sb/s1/memory.events", "low 0\nhigh 0\nmax 4\noom 2\noom_kill 2\n");
+  CgroupUsage u = cg->Usage("s1");
+  EXPECT_EQ(u.memory_bytes, 12345);
+  EXPECT_DOUBLE_EQ(u.cpu_seconds, 2.5);
+  EXPECT_EQ(u.oom_kills, 2);
+  // v2's memory.events is hierarchical: the sandbox's count covers runs.
+  EXPECT_EQ(cg->OomKills("s1", "run-1"), 2);
+  EXPECT_TRUE(cg->Empty("s1", "run-1"));
+  // Kernels with cgroup.kill get one write; the group is then empty.
+  Write(root + "/sb/s1/run-1/cgroup.kill", "");
+  EXPECT_TRUE(cg->Kill("s1", "run-1"));
+  EXPECT_EQ(Read(root + "/sb/s1/run-1/cgroup.kill"), "1");
+}
+
+TEST(CgroupFsV2, UnlimitedIsMax) {
+  TempDir dir;
+  const std::string root = dir.path();
+  Write(root + "/cgroup.controllers", "memory pids cpu\n");
+  auto cg = CgroupFs::Detect(root, "sb");
+  ASSERT_TRUE(cg.ok());
+  ASSERT_TRUE(cg->CreateSandbox("s2", CgroupLimits{}).ok());
+  EXPECT_EQ(Read(root + "/sb/s2/memory.max"), "max");
+  EXPECT_EQ(Read(root + "/sb/s2/pids.max"), "max");
+  EXPECT_EQ(Read(root + "/sb/s2/cpu.max"), "max 100000");
+}
+
+TEST(CgroupFsV1, DetectsPerControllerHierarchiesAndWritesLimits) {
+  TempDir dir;
+  const std::string root = dir.path();
+  for (const char* c : {"memory", "pids", "cpu", "cpuacct"}) {
+    mkdir((root + "/" + c).c_str(), 0755);
+    Write(root + "/" + c + "/cgroup.procs", "");
+  }
+  auto cg = CgroupFs::Detect(root, "sb");
+  ASSERT_TRUE(cg.ok()) << cg.status();
+  EXPECT_EQ(cg->version(), 1);
+  // memory.memsw.* exists when swap accounting is on.
+  mkdir((root + "/memory/sb").c_str(), 0755);
+  mkdir((root + "/memory/sb/s1").c_str(), 0755);
+  Write(root + "/memory/sb/s1/memory.memsw.limit_in_bytes", "9223372036854771712\n");
+  CgroupLimits l;
+  l.memory_bytes = 1 << 30;
+  l.cpus = 0.5;
+  l.pids = 64;
+  ASSERT_TRUE(cg->CreateSandbox("s1", l).ok());
+  EXPECT_EQ(Read(root + "/memory/sb/s1/memory.limit_in_bytes"), "1073741824");
+  EXPECT_EQ(Read(root + "/memory/sb/s1/memory.memsw.limit_in_bytes"), "1073741824");
+  EXPECT_EQ(Read(root + "/pids/sb/s1/pids.max"), "64");
+  EXPECT_EQ(Read(root + "/cpu/sb/s1/cpu.cfs_period_us"), "100000");
+  EXPECT_EQ(Read(root + "/cpu/sb/s1/cpu.cfs_quota_us"), "50000");
+
+  auto fds = cg->CreateChild("s1", "run-7");
+  ASSERT_TRUE(fds.ok()) << fds.status();
+  EXPECT_EQ(fds->size(), 4u);  // memory, pids, cpu, cpuacct
+  for (int fd : *fds) close(fd);
+
+  Write(root + "/memory/sb/s1/memory.usage_in_bytes", "4096\n");
+  Write(root + "/cpuacct/sb/s1/cpuacct.usage", "1500000000\n");
+  // v1 counts OOM kills per group: the run's own counter.
+  Write(root + "/memory/sb/s1/memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n");
+  Write(root + "/memory/sb/s1/run-7/memory.oom_control",
+        "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n");
+  EXPECT_EQ(cg->OomKills("s1", "run-7"), 3);
+  CgroupUsage u = cg->Usage("s1");
+  EXPECT_EQ(u.memory_bytes, 4096);
+  EXPECT_DOUBLE_EQ(u.cpu_seconds, 1.5);
+  EXPECT_EQ(u.oom_kills, 3);  // summed over the sandbox's groups
+  EXPECT_TRUE(cg->Exists("s1"));
+  EXPECT_FALSE(cg->Exists("s9"));
+}
+
+TEST(CgroupFs, NoUsableHierarchyIsAClearError) {
+  TempDir dir;
+  Write(dir.path() + "/cgroup.controllers", "cpu io\n");  // v2 without memory/pids
+  auto cg = CgroupFs::Detect(dir.path(), "sb");
+  ASSERT_FALSE(cg.ok());
+  EXPECT_EQ(cg.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(cg.status().message().find("memory, pids and cpu"), absl::string_view::npos);
+}
+
+}  // namespace
+}  // namespace sandbox
