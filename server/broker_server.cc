@@ -33,6 +33,10 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
   limits.close_wait = absl::Seconds(config.close_wait_seconds);
   const std::string instance_id = absl::StrCat("broker-", RandomHex(6));
   s->metrics_ = std::make_unique<Metrics>();
+  for (const std::string& name : s->providers_->Names()) {
+    std::string why = (*s->providers_->Find(name))->Degraded();
+    if (!why.empty()) s->metrics_->ProviderDegraded(name, why);
+  }
   s->sessions_ =
       std::make_unique<SessionManager>(s->providers_.get(), s->clock_, limits,
                                        config.default_provider, instance_id, s->metrics_.get());

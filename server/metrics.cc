@@ -79,7 +79,12 @@ Metrics::Metrics()
       quota_hits_(prometheus::BuildCounter()
                       .Name("sandbox_broker_quota_hits_total")
                       .Help("Writes refused by a sandbox quota")
-                      .Register(*registry_)) {}
+                      .Register(*registry_)),
+      degraded_(prometheus::BuildGauge()
+                    .Name("sandbox_broker_provider_degraded")
+                    .Help("1 while a provider runs in a weaker mode the operator chose "
+                          "(local: providers.local.enforcement \"best_effort\")")
+                    .Register(*registry_)) {}
 
 void Metrics::SessionCreated(const std::string& provider, const std::string& tenant,
                              absl::Duration took) {
@@ -136,6 +141,10 @@ void Metrics::CallFinished(const std::string& method, const std::string& provide
 
 void Metrics::ProviderError(const std::string& provider, const std::string& code) {
   provider_errors_.Add({{"provider", provider}, {"code", code}}).Increment();
+}
+
+void Metrics::ProviderDegraded(const std::string& provider, const std::string& reason) {
+  degraded_.Add({{"provider", provider}, {"reason", reason}}).Set(1);
 }
 
 void Metrics::OomKilled(const std::string& provider) {

@@ -35,6 +35,8 @@ class Metrics {
                     absl::Duration took);
   void ProviderError(const std::string& provider, const std::string& code);
   void RunFinished(const std::string& provider, size_t output_bytes, bool timed_out);
+  // A provider running in a weaker mode (gauge = 1, reason as a label).
+  void ProviderDegraded(const std::string& provider, const std::string& reason);
   // A run's process killed by its sandbox's memory limit.
   void OomKilled(const std::string& provider);
   // A write refused by a sandbox quota (`what`: "disk").
@@ -63,6 +65,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& timeouts_;
   prometheus::Family<prometheus::Counter>& oom_kills_;
   prometheus::Family<prometheus::Counter>& quota_hits_;
+  prometheus::Family<prometheus::Gauge>& degraded_;
 };
 
 }  // namespace sandbox

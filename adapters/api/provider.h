@@ -155,6 +155,9 @@ class Provider {
   // (unreachable; retryable), INVALID_ARGUMENT (bad template/spec). A failed
   // create leaves nothing behind. Not idempotent.
   virtual absl::StatusOr<std::unique_ptr<Sandbox>> Create(const SandboxSpec& spec) = 0;
+  // Non-empty when the provider runs in a weaker mode the operator chose
+  // (e.g. local limits not enforced): why, for health and metrics.
+  virtual std::string Degraded() const { return ""; }
 };
 
 }  // namespace sandbox

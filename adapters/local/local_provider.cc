@@ -1168,6 +1168,11 @@ absl::Status LocalProvider::ProbeEnforcement() {
       ". Fix that, or set providers.local.enforcement to \"best_effort\" to run without them"));
 }
 
+std::string LocalProvider::Degraded() const {
+  if (enforcement_.cgroups && enforcement_.disk) return "";
+  return absl::StrCat("best_effort: ", enforcement_.detail);
+}
+
 absl::Status LocalProvider::Probe() {
   if (config_.isolation == "none") {
     Log(LogLevel::kWarning, "local.isolation_none",

@@ -121,6 +121,8 @@ class LocalProvider final : public Provider {
   // nonzero fields. INVALID_ARGUMENT naming the field and the maximum.
   absl::StatusOr<LocalLimits> LimitsFor(const SandboxResources& requested) const;
   const LocalEnforcement& enforcement() const { return enforcement_; }
+  // "best_effort: <what is not enforced>" when limits are not all enforced.
+  std::string Degraded() const override;
 
   // Arguments that wrap `command` in the sandbox (bwrap options included);
   // exposed for benchmarks that run the same invocation without the broker.

@@ -218,6 +218,72 @@ TEST_F(LocalProviderTest, DestroyKillsRunningCodeAndRemovesTheWorkspace) {
   EXPECT_EQ(sandbox_->Exec(req).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_F(LocalProviderTest, BackgroundProcessesLiveOnAndAttachAfterACrashKeepsOnlyFiles) {
+  ASSERT_TRUE(sandbox_->WriteFile("kept.txt", "survives").ok());
+  ExecResult bg = Exec(Language::kShell, "sleep 1000 & echo $! > /tmp/bgpid; echo started");
+  EXPECT_EQ(bg.output, "started\n");
+  EXPECT_EQ(Exec(Language::kShell, "kill -0 $(cat /tmp/bgpid) && echo alive").output, "alive\n");
+  const std::string id = sandbox_->id();
+  EXPECT_EQ(provider_->ListSandboxIds(), std::vector<std::string>{id});
+  // A broker killed by SIGKILL never destroys its sandboxes: leak this one.
+  Sandbox* leaked = sandbox_.release();
+  (void)leaked;
+  auto again = provider_->Attach(id, SandboxSpec{});
+  ASSERT_TRUE(again.ok()) << again.status();
+  ExecRequest r;
+  r.language = Language::kShell;
+  r.code = "cat kept.txt; echo; ls /tmp | wc -l; ps -e 2>/dev/null | grep -c sleep || true";
+  auto out = (*again)->Exec(r);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->output.substr(0, 9), "survives\n") << out->output;
+  EXPECT_NE(out->output.find("\n0\n"), std::string::npos) << out->output;  // fresh /tmp
+  EXPECT_EQ(provider_->Attach("local-nonexistent", SandboxSpec{}).status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE((*again)->Destroy().ok());
+  EXPECT_TRUE(provider_->ListSandboxIds().empty());
+  EXPECT_TRUE(provider_->RemoveSandbox(id).ok());  // already gone: fine
+}
+
+TEST(LocalProviderStartup, StrictRefusesWithoutCgroupsAndBestEffortSaysSo) {
+  TempDir dir;
+  LocalConfig c;
+  c.workspace_root = dir.path() + "/ws";
+  c.uid_base = 612000;
+  c.cgroup_root = dir.path() + "/no-cgroups";  // nothing mounted there
+  auto strict = LocalProvider::Create(c);
+  ASSERT_FALSE(strict.ok());
+  EXPECT_EQ(strict.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(strict.status().message().find("\"best_effort\""), absl::string_view::npos)
+      << strict.status().message();
+  c.enforcement = "best_effort";
+  auto weak = LocalProvider::Create(c);
+  ASSERT_TRUE(weak.ok()) << weak.status();
+  EXPECT_NE((*weak)->Degraded().find("best_effort"), std::string::npos);
+  EXPECT_FALSE((*weak)->enforcement().cgroups);
+  auto sb = (*weak)->Create(SandboxSpec{});
+  ASSERT_TRUE(sb.ok()) << sb.status();
+  ExecRequest r;
+  r.code = "print(6 * 7)";
+  EXPECT_EQ((*sb)->Exec(r)->output, "42\n");
+}
+
+TEST(LocalProviderConfig, RetiredKeysNameTheirReplacement) {
+  auto old = ParseLocalConfig(nlohmann::json::parse(R"({"memory_bytes": 1073741824})"));
+  EXPECT_EQ(old.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(old.status().message().find("limits.memory_bytes"), absl::string_view::npos);
+  auto ok = ParseLocalConfig(nlohmann::json::parse(
+      R"({"limits": {"cpus": 0.5, "pids": 64}, "max_limits": {"cpus": 2}, "enforcement": "best_effort"})"));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->limits.cpus, 0.5);
+  EXPECT_EQ(ok->limits.pids, 64);
+  EXPECT_EQ(ok->max_limits.cpus, 2);
+  auto over = ParseLocalConfig(nlohmann::json::parse(R"({"limits": {"cpus": 3}, "max_limits": {"cpus": 2}})"));
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kInvalidArgument);
+  auto bad = ParseLocalConfig(nlohmann::json::parse(R"({"enforcement": "lax"})"));
+  EXPECT_EQ(bad.status().message(),
+            "providers.local.enforcement: must be one of: strict, best_effort");
+}
+
 TEST(LocalProviderConfig, BadValuesAreNamed) {
   auto bad = ParseLocalConfig(nlohmann::json::parse(R"({"isolation": "chroot"})"));
   EXPECT_EQ(bad.status().message(), "providers.local.isolation: must be one of: bwrap, none");
