@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "grpcpp/channel.h"
 #include "sandboxbroker/v1/admin.grpc.pb.h"
 
 namespace sandbox {

@@ -355,7 +355,7 @@ absl::StatusOr<PolicyEngine::RunSlot> PolicyEngine::BeginRun(const TenantRules& 
     }
     b.tokens = std::min(b.tokens, capacity);
     b.refilled = now;
-    if (b.tokens < 1.0) {
+    if (b.tokens < 1.0 - 1e-9) {  // (tolerate rounding of the refill)
       if (running == 0) running_.erase(tenant);
       const double wait_s = (1.0 - b.tokens) * 60.0 / capacity;
       return absl::ResourceExhaustedError(absl::StrCat(
