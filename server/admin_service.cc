@@ -43,8 +43,8 @@ grpc::Status AdminService::Handle(
   auto it = md.find("authorization");
   absl::string_view value;
   if (it != md.end()) value = absl::string_view(it->second.data(), it->second.size());
-  absl::StatusOr<std::string> admin = Authenticator::AuthenticateAdmin(
-      *d_.policy->Current(), it != md.end() ? &value : nullptr);
+  absl::StatusOr<std::string> admin =
+      Authenticator::AuthenticateAdmin(*d_.policy->Current(), it != md.end() ? &value : nullptr);
   std::map<std::string, std::string> fields;
   absl::Status status = admin.ok() ? fn(*admin, &fields) : admin.status();
   const std::string code = absl::StatusCodeToString(status.code());
@@ -87,9 +87,8 @@ grpc::Status AdminService::ListAllSessions(grpc::ServerContext* ctx,
     std::pair<std::string, std::string> after;
     if (!req->page_token().empty()) {
       std::string raw;
-      const size_t slash = absl::WebSafeBase64Unescape(req->page_token(), &raw)
-                               ? raw.find('/')
-                               : std::string::npos;
+      const size_t slash =
+          absl::WebSafeBase64Unescape(req->page_token(), &raw) ? raw.find('/') : std::string::npos;
       if (slash == std::string::npos || !IsValidTenant(raw.substr(0, slash)) ||
           !ValidateSessionId(raw.substr(slash + 1)).ok()) {
         return absl::InvalidArgumentError("invalid page_token");
@@ -123,8 +122,8 @@ grpc::Status AdminService::ListAllSessions(grpc::ServerContext* ctx,
       d_.core->Describe(v, info);
     }
     if (more && !views.empty()) {
-      resp->set_next_page_token(
-          absl::WebSafeBase64Escape(absl::StrCat(views.back().tenant, "/", views.back().session_id)));
+      resp->set_next_page_token(absl::WebSafeBase64Escape(
+          absl::StrCat(views.back().tenant, "/", views.back().session_id)));
     }
     return absl::OkStatus();
   });
@@ -133,15 +132,15 @@ grpc::Status AdminService::ListAllSessions(grpc::ServerContext* ctx,
 grpc::Status AdminService::GetSessionAdmin(grpc::ServerContext* ctx,
                                            const pb::GetSessionAdminRequest* req,
                                            pb::SessionInfo* resp) {
-  return Handle(ctx, "GetSessionAdmin", req->tenant(), req->session_id(),
-                [&](const std::string&, auto*) {
-                  if (absl::Status s = ValidTenant(req->tenant(), true); !s.ok()) return s;
-                  if (absl::Status s = ValidateSessionId(req->session_id()); !s.ok()) return s;
-                  absl::StatusOr<SessionView> v = d_.sessions->Get(req->tenant(), req->session_id());
-                  if (!v.ok()) return v.status();
-                  d_.core->Describe(*v, resp);
-                  return absl::OkStatus();
-                });
+  return Handle(
+      ctx, "GetSessionAdmin", req->tenant(), req->session_id(), [&](const std::string&, auto*) {
+        if (absl::Status s = ValidTenant(req->tenant(), true); !s.ok()) return s;
+        if (absl::Status s = ValidateSessionId(req->session_id()); !s.ok()) return s;
+        absl::StatusOr<SessionView> v = d_.sessions->Get(req->tenant(), req->session_id());
+        if (!v.ok()) return v.status();
+        d_.core->Describe(*v, resp);
+        return absl::OkStatus();
+      });
 }
 
 grpc::Status AdminService::CloseSessions(grpc::ServerContext* ctx,

@@ -50,10 +50,11 @@ class AdminService final : public pb::Admin::Service {
  private:
   // Authenticates the admin, runs `fn(admin_name)`, logs and audits.
   // `target` names what the call acted on (for the audit line).
-  grpc::Status Handle(grpc::ServerContext* ctx, absl::string_view method, const std::string& tenant,
-                      const std::string& session_id,
-                      const std::function<absl::Status(const std::string& admin,
-                                                       std::map<std::string, std::string>* audit)>& fn);
+  grpc::Status Handle(
+      grpc::ServerContext* ctx, absl::string_view method, const std::string& tenant,
+      const std::string& session_id,
+      const std::function<absl::Status(const std::string& admin,
+                                       std::map<std::string, std::string>* audit)>& fn);
 
   const Deps d_;
 };

@@ -53,8 +53,7 @@ void AuditLog::Record(const AuditEvent& e) {
   put("request_id", e.request_id.empty() ? CurrentRequestId() : e.request_id);
   for (const auto& [k, v] : e.fields) j[k] = v;
   // Invalid UTF-8 (never expected: fields are identifiers) is replaced.
-  const std::string line =
-      j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  const std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   absl::MutexLock l(&mu_);
   if (sink_) {
     sink_(line);

@@ -423,7 +423,10 @@ absl::StatusOr<pb::ListToolsResponse> BrokerCore::ListTools(const CallContext& c
                   names.end());
     }
   } else {
-    if (adm.rules != nullptr && !adm.rules->AllowsProvider(req.provider())) {
+    const std::vector<std::string>* configured =
+        adm.rules != nullptr ? &adm.snapshot->maxima.providers : nullptr;
+    if (configured != nullptr && !adm.rules->AllowsProvider(req.provider()) &&
+        std::find(configured->begin(), configured->end(), req.provider()) != configured->end()) {
       return Refused(ctx,
                      PolicyEngine::CheckSpec(*adm.rules, ctx.tenant, req.provider(), "", {}),
                      "providers", req.provider());
@@ -562,7 +565,10 @@ absl::StatusOr<CreateOptions> BrokerCore::CreateOptionsFor(const CallContext& ct
   asked.cpus = spec.resources().cpus();
   asked.pids = spec.resources().pids();
   asked.disk_bytes = spec.resources().disk_bytes();
-  if (absl::Status s = PolicyEngine::CheckSpec(r, ctx.tenant, provider, o.template_name, asked);
+  const auto& configured = a.snapshot->maxima.providers;
+  const bool known = std::find(configured.begin(), configured.end(), provider) != configured.end();
+  if (absl::Status s =
+          PolicyEngine::CheckSpec(r, ctx.tenant, provider, o.template_name, asked, known);
       !s.ok()) {
     const absl::string_view rule = s.code() == absl::StatusCode::kInvalidArgument ? "resources"
                                    : absl::StrContains(s.message(), "template") ? "templates"

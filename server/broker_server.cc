@@ -133,7 +133,9 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
       }
     });
   }
-  if (options.watch_tokens_file && !config.tokens_file.empty()) {
+  // Watched whenever there is a config to reload: a reload may name a
+  // tokens_file the start did not have.
+  if (options.watch_tokens_file && !options.config_path.empty()) {
     s->reloader_->StartWatching(options.watch_interval);
   }
   Log(LogLevel::kInfo, "broker.serving",

@@ -48,8 +48,8 @@ absl::StatusOr<TenantPolicyConfig> ParseOne(const nlohmann::json& j, const std::
       ConfigReader tr(t, absl::StrCat(path, ".templates"));
       for (auto it = t.begin(); it != t.end(); ++it) {
         if (!Contains(configured, it.key())) {
-          tr.Fail(it.key(), absl::StrCat("unknown provider (configured: ", Allowed(configured),
-                                         ")"));
+          tr.Fail(it.key(),
+                  absl::StrCat("unknown provider (configured: ", Allowed(configured), ")"));
         }
         m[it.key()] = tr.StringList(it.key());
       }
@@ -127,7 +127,8 @@ absl::StatusOr<PolicyConfig> ParsePolicyConfig(const nlohmann::json& tenant_defa
       const std::string& name = it.key();
       bool valid = !name.empty() && name.size() <= 64;
       for (char c : name) {
-        valid = valid && (isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
+        valid =
+            valid && (isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
       }
       if (!valid) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -178,13 +179,14 @@ TenantRules ResolveTenantRules(const PolicyConfig& policy, const BrokerMaxima& m
   r.max_concurrent_runs = Pick<int64_t>(t.max_concurrent_runs, d.max_concurrent_runs, 0);
   r.max_timeout_seconds = Tighter(maxima.max_timeout_seconds,
                                   Pick<int64_t>(t.max_timeout_seconds, d.max_timeout_seconds, 0));
-  r.idle_timeout_seconds = Tighter(
-      maxima.idle_timeout_seconds, Pick<int64_t>(t.idle_timeout_seconds, d.idle_timeout_seconds, 0));
+  r.idle_timeout_seconds =
+      Tighter(maxima.idle_timeout_seconds,
+              Pick<int64_t>(t.idle_timeout_seconds, d.idle_timeout_seconds, 0));
   r.max_lifetime_seconds =
       Tighter(maxima.max_lifetime_seconds,
               Pick<int64_t>(t.max_lifetime_seconds, d.max_lifetime_seconds, 0));
-  r.max_output_bytes = Tighter(maxima.max_output_bytes,
-                               Pick<int64_t>(t.max_output_bytes, d.max_output_bytes, 0));
+  r.max_output_bytes =
+      Tighter(maxima.max_output_bytes, Pick<int64_t>(t.max_output_bytes, d.max_output_bytes, 0));
   r.run_rate = Pick<int64_t>(t.run_rate, d.run_rate, 0);
   r.resources.memory_bytes = Pick<int64_t>(t.res_memory_bytes, d.res_memory_bytes, 0);
   r.resources.cpus = Pick<double>(t.res_cpus, d.res_cpus, 0);
@@ -245,8 +247,7 @@ void PolicyEngine::SetDisabled(const std::string& tenant, bool disabled) {
   admin_disabled_[tenant] = disabled;
 }
 
-absl::Status PolicyEngine::CheckEnabled(const TenantRules& rules,
-                                        const std::string& tenant) const {
+absl::Status PolicyEngine::CheckEnabled(const TenantRules& rules, const std::string& tenant) const {
   std::optional<bool> admin;
   {
     absl::MutexLock l(&mu_);
@@ -262,27 +263,24 @@ absl::Status PolicyEngine::CheckEnabled(const TenantRules& rules,
 }
 
 absl::Status PolicyEngine::CheckSpec(const TenantRules& rules, const std::string& tenant,
-                                     const std::string& provider,
-                                     const std::string& template_name,
-                                     const ResourceLimits& asked) {
-  if (!rules.AllowsProvider(provider)) {
-    return absl::PermissionDeniedError(absl::StrCat("tenant ", tenant, ": provider \"", provider,
-                                                    "\" not allowed (allowed: ",
-                                                    Allowed(rules.providers), ")"));
+                                     const std::string& provider, const std::string& template_name,
+                                     const ResourceLimits& asked, bool known) {
+  if (known && !rules.AllowsProvider(provider)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("tenant ", tenant, ": provider \"", provider,
+                     "\" not allowed (allowed: ", Allowed(rules.providers), ")"));
   }
   auto t = rules.templates.find(provider);
-  if (!template_name.empty() && t != rules.templates.end() &&
-      !Contains(t->second, template_name)) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("tenant ", tenant, ": template \"", template_name,
-                     "\" not allowed on provider \"", provider, "\" (allowed: ",
-                     Allowed(t->second), ")"));
+  if (!template_name.empty() && t != rules.templates.end() && !Contains(t->second, template_name)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "tenant ", tenant, ": template \"", template_name, "\" not allowed on provider \"",
+        provider, "\" (allowed: ", Allowed(t->second), ")"));
   }
   auto over = [&](const char* field, double value, double max) -> absl::Status {
     if (max > 0 && value > max) {
       return absl::InvalidArgumentError(absl::StrCat("tenant ", tenant, ": spec.resources.", field,
-                                                     " ", value, " exceeds resources.", field,
-                                                     " (", max, ")"));
+                                                     " ", value, " exceeds resources.", field, " (",
+                                                     max, ")"));
     }
     return absl::OkStatus();
   };
@@ -291,17 +289,17 @@ absl::Status PolicyEngine::CheckSpec(const TenantRules& rules, const std::string
                        static_cast<double>(m.memory_bytes)));
   RETURN_IF_ERROR(over("cpus", asked.cpus, m.cpus));
   RETURN_IF_ERROR(over("pids", static_cast<double>(asked.pids), static_cast<double>(m.pids)));
-  RETURN_IF_ERROR(over("disk_bytes", static_cast<double>(asked.disk_bytes),
-                       static_cast<double>(m.disk_bytes)));
+  RETURN_IF_ERROR(
+      over("disk_bytes", static_cast<double>(asked.disk_bytes), static_cast<double>(m.disk_bytes)));
   return absl::OkStatus();
 }
 
 absl::Status PolicyEngine::CheckTimeout(const TenantRules& rules, const std::string& tenant,
                                         int64_t timeout_seconds) {
   if (timeout_seconds > rules.max_timeout_seconds) {
-    return absl::InvalidArgumentError(absl::StrCat("tenant ", tenant, ": timeout_seconds ",
-                                                   timeout_seconds, " exceeds max_timeout_seconds (",
-                                                   rules.max_timeout_seconds, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tenant ", tenant, ": timeout_seconds ", timeout_seconds,
+                     " exceeds max_timeout_seconds (", rules.max_timeout_seconds, ")"));
   }
   return absl::OkStatus();
 }
@@ -339,9 +337,9 @@ absl::StatusOr<PolicyEngine::RunSlot> PolicyEngine::BeginRun(const TenantRules& 
   int& running = running_[tenant];
   if (rules.max_concurrent_runs > 0 && running >= rules.max_concurrent_runs) {
     if (running == 0) running_.erase(tenant);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("tenant ", tenant, ": max_concurrent_runs (", rules.max_concurrent_runs,
-                     ") reached: wait for a run to finish"));
+    return absl::ResourceExhaustedError(absl::StrCat("tenant ", tenant, ": max_concurrent_runs (",
+                                                     rules.max_concurrent_runs,
+                                                     ") reached: wait for a run to finish"));
   }
   if (rules.run_rate > 0) {
     // A bucket of run_rate tokens, refilled at run_rate per minute.

@@ -143,10 +143,12 @@ class PolicyEngine {
   // PERMISSION_DENIED for a disabled tenant.
   absl::Status CheckEnabled(const TenantRules& rules, const std::string& tenant) const;
   // PERMISSION_DENIED for a provider or template not allowed,
-  // INVALID_ARGUMENT for resources above the tenant's maximum.
+  // INVALID_ARGUMENT for resources above the tenant's maximum. A provider
+  // the broker does not have (`known` false) is left to the registry
+  // (FAILED_PRECONDITION, unknown provider).
   static absl::Status CheckSpec(const TenantRules& rules, const std::string& tenant,
                                 const std::string& provider, const std::string& template_name,
-                                const ResourceLimits& asked);
+                                const ResourceLimits& asked, bool known = true);
   // INVALID_ARGUMENT above the tenant's max_timeout_seconds.
   static absl::Status CheckTimeout(const TenantRules& rules, const std::string& tenant,
                                    int64_t timeout_seconds);

@@ -53,8 +53,9 @@ absl::StatusOr<std::shared_ptr<const OperatorSnapshot>> Reloader::SnapshotOf(
   auto check = [&](const std::string& where, const TenantRules& r) -> absl::Status {
     for (const auto& p : r.providers) {
       if (std::find(providers.begin(), providers.end(), p) == providers.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ".providers: provider \"", p, "\" is not running (a new provider needs a restart)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ".providers: provider \"", p,
+                         "\" is not running (a new provider needs a restart)"));
       }
     }
     return absl::OkStatus();
@@ -125,8 +126,8 @@ absl::StatusOr<ReloadResult> Reloader::Reload(const std::string& source) {
   absl::StatusOr<BrokerConfig> next = LoadConfigFile(config_path_);
   tokens_seen_ = ReadTokensFile(next.ok() ? next->tokens_file : running_.tokens_file);
   if (!next.ok()) {
-    return reject(absl::InvalidArgumentError(absl::StrCat(
-        "config rejected, the old one stays: ", next.status().message())));
+    return reject(absl::InvalidArgumentError(
+        absl::StrCat("config rejected, the old one stays: ", next.status().message())));
   }
   const int64_t generation = policy_->Current()->generation + 1;
   absl::StatusOr<std::shared_ptr<const OperatorSnapshot>> snap =

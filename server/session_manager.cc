@@ -292,10 +292,7 @@ absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Sessi
 void SessionManager::FinishClose(const std::shared_ptr<Session>& s,
                                  std::shared_ptr<Sandbox> sandbox, CloseReason reason) {
   absl::Status st = sandbox ? sandbox->Destroy() : absl::OkStatus();
-  SessionView view;
-  absl::Duration age;
-  {
-  absl::MutexLock l(&mu_);
+  mu_.Lock();
   auto t = tenants_.find(s->tenant);
   if (t != tenants_.end()) {
     t->second.erase(s->session_id);
@@ -311,9 +308,9 @@ void SessionManager::FinishClose(const std::shared_ptr<Session>& s,
        {"sandbox_id", s->sandbox_id},
        {"reason", CloseReasonName(reason)},
        {"destroy", st.ok() ? std::string("ok") : std::string(st.message())}});
-  view = ViewLocked(*s);
-  age = clock_->Monotonic() - s->created_mono;
-  }
+  const SessionView view = ViewLocked(*s);
+  const absl::Duration age = clock_->Monotonic() - s->created_mono;
+  mu_.Unlock();
   if (observer_ != nullptr) observer_->SessionClosed(view, reason, age);
 }
 

@@ -21,8 +21,9 @@ struct UsageMeter::Families {
         runs(Build(r, "sandbox_broker_tenant_runs_total", "Runs, per tenant and provider")),
         run_seconds(Build(r, "sandbox_broker_tenant_run_seconds_total",
                           "Wall seconds of runs, per tenant and provider")),
-        sandbox_seconds(Build(r, "sandbox_broker_tenant_sandbox_seconds_total",
-                              "Sandbox lifetime seconds (create to destroy), per tenant and provider")),
+        sandbox_seconds(
+            Build(r, "sandbox_broker_tenant_sandbox_seconds_total",
+                  "Sandbox lifetime seconds (create to destroy), per tenant and provider")),
         cpu_seconds(Build(r, "sandbox_broker_tenant_cpu_seconds_total",
                           "CPU seconds where the provider reports them, per tenant and provider")),
         output_bytes(Build(r, "sandbox_broker_tenant_output_bytes_total",
@@ -94,8 +95,8 @@ std::map<UsageKey, UsageCounters> UsageMeter::Totals(const std::string& tenant) 
   absl::MutexLock l(&mu_);
   if (tenant.empty()) return totals_;
   std::map<UsageKey, UsageCounters> out;
-  for (auto it = totals_.lower_bound({tenant, ""}); it != totals_.end() && it->first.first == tenant;
-       ++it) {
+  for (auto it = totals_.lower_bound({tenant, ""});
+       it != totals_.end() && it->first.first == tenant; ++it) {
     out.insert(*it);
   }
   return out;
@@ -126,9 +127,12 @@ void SessionAccounting::SessionCreated(const SessionView& v) {
   Audit("session.created", v, nullptr);
 }
 
-void SessionAccounting::SessionAdopted(const SessionView& v) { Audit("session.adopted", v, nullptr); }
+void SessionAccounting::SessionAdopted(const SessionView& v) {
+  Audit("session.adopted", v, nullptr);
+}
 
-void SessionAccounting::SessionClosed(const SessionView& v, CloseReason reason, absl::Duration age) {
+void SessionAccounting::SessionClosed(const SessionView& v, CloseReason reason,
+                                      absl::Duration age) {
   if (usage_ != nullptr) {
     UsageCounters d;
     d.sandbox_seconds = absl::ToDoubleSeconds(age);

@@ -307,8 +307,9 @@ TEST_F(OperatorsTest, AdminApiNeedsAnAdminToken) {
     EXPECT_EQ(static_cast<int>(a->ListAllSessions(list).status().code()), static_cast<int>(w.code))
         << w.token;
     auto get = a->GetSession("alpha", "none");
-    EXPECT_EQ(static_cast<int>(get.status().code()),
-              static_cast<int>(w.code == grpc::StatusCode::OK ? grpc::StatusCode::NOT_FOUND : w.code));
+    EXPECT_EQ(
+        static_cast<int>(get.status().code()),
+        static_cast<int>(w.code == grpc::StatusCode::OK ? grpc::StatusCode::NOT_FOUND : w.code));
     pb::CloseSessionsRequest close;
     close.set_tenant("alpha");
     EXPECT_EQ(static_cast<int>(a->CloseSessions(close).status().code()), static_cast<int>(w.code));
@@ -626,7 +627,8 @@ TEST_F(OperatorsTest, ReloadOnTokensFileChangeAndATokenRevokedMidSession) {
   *req.mutable_spec() = Spec("local");
   pb::RunResult inflight;
   grpc::Status inflight_status;
-  std::thread t([&] { inflight_status = stub_->Shell(Ctx("token-file-0001").get(), req, &inflight); });
+  std::thread t(
+      [&] { inflight_status = stub_->Shell(Ctx("token-file-0001").get(), req, &inflight); });
   for (int i = 0; i < 2000 && server_->policy()->running("filer") == 0; ++i) usleep(5000);
   ASSERT_EQ(server_->policy()->running("filer"), 1);
   auto before = server_->sessions()->Get("filer", "long");
@@ -731,8 +733,8 @@ TEST(OperatorsDaemonTest, ReloadsOnSighupAndOnATokensFileChange) {
   WriteText(config, cfg.dump());
   Daemon d;
   ASSERT_TRUE(d.Start(config, dir.path() + "/brokerd.log")) << d.log();
-  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", d.port()),
-                                     grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", d.port()), grpc::InsecureChannelCredentials());
   auto run_ok = [&](const std::string& token) {
     RemoteSandbox sb(pb::SandboxBroker::NewStub(channel), "s", token);
     return sb.Run("x").ok();
@@ -757,7 +759,8 @@ TEST(OperatorsDaemonTest, ReloadsOnSighupAndOnATokensFileChange) {
   // A broken config: logged, the old one stays.
   WriteText(config, "{\"listen\": ");
   kill(d.pid(), SIGHUP);
-  EXPECT_TRUE(eventually([&] { return d.log().find("config.reload_rejected") != std::string::npos; }));
+  EXPECT_TRUE(
+      eventually([&] { return d.log().find("config.reload_rejected") != std::string::npos; }));
   EXPECT_TRUE(run_ok("token-sighup-333"));
   EXPECT_NE(d.log().find("config: not valid JSON"), std::string::npos);
 
@@ -782,8 +785,8 @@ struct Cli {
 };
 
 Cli Sandboxctl(int port, const std::string& args, const std::string& env = "") {
-  std::string cmd = absl::StrCat(env, " ", SANDBOXCTL_PATH, " --addr 127.0.0.1:", port, " ", args,
-                                 " 2>&1");
+  std::string cmd =
+      absl::StrCat(env, " ", SANDBOXCTL_PATH, " --addr 127.0.0.1:", port, " ", args, " 2>&1");
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
