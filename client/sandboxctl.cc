@@ -17,7 +17,9 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"
+#include "client/remote_admin.h"
 #include "client/remote_sandbox.h"
+#include "google/protobuf/util/json_util.h"
 
 namespace {
 
@@ -44,6 +46,16 @@ commands:
   call-tool NAME JSON|- execute a tool call; prints its content (exit 1 if is_error)
   health [SERVICE]      grpc.health.v1 check (no token); exit 0 only when SERVING
 
+admin commands (the Admin API; --admin-token or $SANDBOX_BROKER_ADMIN_TOKEN):
+  admin sessions        every tenant's sessions (filters: --tenant, --provider,
+                        --state creating|ready|closing, --label K=V...)
+  admin close [ID]      close sessions by --tenant, --tenant and ID, or --label K=V...
+  admin disable TENANT  refuse the tenant's new calls (--close-sessions: and close them)
+  admin enable TENANT   admit the tenant again
+  admin usage           usage per tenant and provider (--tenant T for one)
+  admin reload          reload tokens, admin tokens and tenant policy (as SIGHUP)
+  tables by default; --json prints JSON
+
 flags:
   --addr HOST:PORT      broker address ($SANDBOX_BROKER_ADDR, default 127.0.0.1:50051)
   --token TOKEN         bearer token ($SANDBOX_BROKER_TOKEN)
@@ -58,6 +70,9 @@ flags:
   --tls-ca FILE         PEM roots to verify the broker (implies --tls)
   --tls-cert FILE       client certificate (PEM), with --tls-key, for brokers that verify clients
   --tls-key FILE
+  --admin-token TOKEN   admin token ($SANDBOX_BROKER_ADMIN_TOKEN)
+  --json                admin: JSON instead of a table
+  --tenant T, --state S, --label K=V, --close-sessions   admin filters and options
 
 exit codes: run/shell exit with the program's code (124 = timed out);
   64 usage, 66 file not found, 69 broker error, 74 local I/O error.
@@ -96,6 +111,150 @@ void PrintInfo(const sandbox::pb::SessionInfo& i) {
             << "\tidle_expires=" << TextOf(i.idle_expires_at()) << "\n";
 }
 
+// Columns padded to their widest cell.
+void PrintTable(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
+  for (const auto& r : rows) {
+    if (width.size() < r.size()) width.resize(r.size(), 0);
+    for (size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
+  }
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t i = 0; i < r.size(); ++i) {
+      line += r[i];
+      if (i + 1 < r.size()) line += std::string(width[i] - r[i].size() + 2, ' ');
+    }
+    std::cout << line << "\n";
+  }
+}
+
+std::string Json(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  return out;
+}
+
+std::string Num(double v) {
+  std::ostringstream ss;
+  ss.setf(std::ios::fixed);
+  ss.precision(1);
+  ss << v;
+  return ss.str();
+}
+
+struct AdminFlags {
+  std::string token, tenant, provider, state;
+  std::map<std::string, std::string> labels;
+  bool json = false;
+  bool close_sessions = false;
+};
+
+int AdminMain(const std::shared_ptr<grpc::Channel>& channel, const AdminFlags& f,
+              const std::vector<std::string>& args) {
+  if (args.size() < 2) return Usage("admin needs a command: sessions, close, disable, enable, usage, reload");
+  auto admin = sandbox::RemoteAdmin::Connect(channel, f.token);
+  const std::string& sub = args[1];
+  if (sub == "sessions") {
+    if (args.size() != 2) return Usage("admin sessions takes no arguments (use filters)");
+    sandbox::pb::ListAllSessionsRequest req;
+    req.set_tenant(f.tenant);
+    req.set_provider(f.provider);
+    if (f.state == "creating") req.set_state(sandbox::pb::SESSION_STATE_CREATING);
+    else if (f.state == "ready") req.set_state(sandbox::pb::SESSION_STATE_READY);
+    else if (f.state == "closing") req.set_state(sandbox::pb::SESSION_STATE_CLOSING);
+    else if (!f.state.empty()) return Usage("--state must be creating, ready or closing");
+    req.mutable_labels()->insert(f.labels.begin(), f.labels.end());
+    auto r = admin->ListAllSessions(req);
+    if (!r.ok()) return RpcError(r.status());
+    if (f.json) {
+      std::cout << "[";
+      for (size_t i = 0; i < r->size(); ++i) std::cout << (i ? "," : "") << Json((*r)[i]);
+      std::cout << "]\n";
+      return 0;
+    }
+    std::vector<std::vector<std::string>> rows{
+        {"TENANT", "SESSION", "PROVIDER", "STATE", "SANDBOX", "CREATED", "LAST_ACTIVE", "LABELS"}};
+    for (const auto& i : *r) {
+      std::string labels;
+      for (const auto& [k, v] : i.labels()) labels += (labels.empty() ? "" : ",") + k + "=" + v;
+      std::string state = sandbox::pb::SessionState_Name(i.state());
+      state = state.substr(std::string("SESSION_STATE_").size());
+      for (auto& c : state) c = static_cast<char>(tolower(c));
+      rows.push_back({i.tenant(), i.session_id(), i.provider(), state, i.sandbox_id(),
+                      TextOf(i.created_at()), TextOf(i.last_active_at()),
+                      labels.empty() ? "-" : labels});
+    }
+    PrintTable(rows);
+    return 0;
+  }
+  if (sub == "close") {
+    if (args.size() > 3) return Usage("admin close takes at most a session ID");
+    sandbox::pb::CloseSessionsRequest req;
+    req.set_tenant(f.tenant);
+    if (args.size() == 3) req.set_session_id(args[2]);
+    req.mutable_labels()->insert(f.labels.begin(), f.labels.end());
+    auto r = admin->CloseSessions(req);
+    if (!r.ok()) return RpcError(r.status());
+    if (f.json) {
+      std::cout << "{\"closed\":" << *r << "}\n";
+    } else {
+      std::cout << "closed " << *r << " session" << (*r == 1 ? "" : "s") << "\n";
+    }
+    return 0;
+  }
+  if (sub == "disable" || sub == "enable") {
+    if (args.size() != 3) return Usage("admin " + sub + " takes a TENANT");
+    const bool disable = sub == "disable";
+    auto r = admin->SetTenantDisabled(args[2], disable, disable && f.close_sessions);
+    if (!r.ok()) return RpcError(r.status());
+    if (f.json) {
+      std::cout << "{\"tenant\":\"" << args[2] << "\",\"disabled\":" << (disable ? "true" : "false")
+                << ",\"sessions_closed\":" << *r << "}\n";
+    } else {
+      std::cout << "tenant " << args[2] << " " << (disable ? "disabled" : "enabled");
+      if (disable && f.close_sessions) std::cout << "; closed " << *r << " sessions";
+      std::cout << "\n";
+    }
+    return 0;
+  }
+  if (sub == "usage") {
+    if (args.size() != 2) return Usage("admin usage takes no arguments (use --tenant)");
+    auto r = admin->GetUsage(f.tenant);
+    if (!r.ok()) return RpcError(r.status());
+    if (f.json) {
+      std::cout << Json(*r) << "\n";
+      return 0;
+    }
+    std::vector<std::vector<std::string>> rows{{"TENANT", "PROVIDER", "SESSIONS", "RUNS", "RUN_S",
+                                                "SANDBOX_S", "CPU_S", "OUTPUT_B", "FILE_B", "OOM",
+                                                "REFUSED"}};
+    for (const auto& u : r->usage()) {
+      rows.push_back({u.tenant(), u.provider(), std::to_string(u.sessions_created()),
+                      std::to_string(u.runs()), Num(u.run_seconds()), Num(u.sandbox_seconds()),
+                      Num(u.cpu_seconds()), std::to_string(u.output_bytes()),
+                      std::to_string(u.file_transfer_bytes()), std::to_string(u.oom_kills()),
+                      std::to_string(u.quota_refusals())});
+    }
+    PrintTable(rows);
+    return 0;
+  }
+  if (sub == "reload") {
+    if (args.size() != 2) return Usage("admin reload takes no arguments");
+    auto r = admin->ReloadConfig();
+    if (!r.ok()) return RpcError(r.status());
+    if (f.json) {
+      std::cout << Json(*r) << "\n";
+      return 0;
+    }
+    std::cout << "reloaded: generation " << r->generation() << "\n";
+    for (const auto& k : r->needs_restart()) std::cout << "needs a restart (ignored): " << k << "\n";
+    return 0;
+  }
+  return Usage("unknown admin command " + sub);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -111,6 +270,8 @@ int main(int argc, char** argv) {
   std::string dialect;
   sandbox::RemoteSandbox::Tls tls;
   std::string tls_ca, tls_cert, tls_key;
+  AdminFlags admin;
+  admin.token = EnvOr("SANDBOX_BROKER_ADMIN_TOKEN", "");
 
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -158,6 +319,20 @@ int main(int argc, char** argv) {
       tls.enabled = true;
     } else if (a == "--tls-key") {
       if (!next(&tls_key)) return Usage("--tls-key needs a file");
+    } else if (a == "--admin-token") {
+      if (!next(&admin.token)) return Usage("--admin-token needs a value");
+    } else if (a == "--json") {
+      admin.json = true;
+    } else if (a == "--tenant") {
+      if (!next(&admin.tenant)) return Usage("--tenant needs a value");
+    } else if (a == "--state") {
+      if (!next(&admin.state)) return Usage("--state needs a value");
+    } else if (a == "--label") {
+      if (!next(&v) || v.find('=') == std::string::npos || v.front() == '=')
+        return Usage("--label needs K=V");
+      admin.labels[v.substr(0, v.find('='))] = v.substr(v.find('=') + 1);
+    } else if (a == "--close-sessions") {
+      admin.close_sessions = true;
     } else if (a == "--stream") {
       stream = true;
     } else if (a == "--dialect") {
@@ -196,6 +371,10 @@ int main(int argc, char** argv) {
     if (!r.ok()) return RpcError(r.status());
     std::cout << *r << "\n";
     return *r == "SERVING" ? 0 : 1;
+  }
+  if (cmd == "admin") {
+    admin.provider = provider;
+    return AdminMain(sandbox::RemoteSandbox::MakeChannel(addr, tls), admin, args);
   }
   sandbox::pb::SessionSpec spec;
   spec.set_provider(provider);

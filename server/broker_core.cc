@@ -1,8 +1,10 @@
 #include "server/broker_core.h"
 
 #include <cmath>
+#include <algorithm>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -204,9 +206,10 @@ void BrokerCore::ToInfo(const SessionView& v, pb::SessionInfo* info) const {
 
 absl::StatusOr<pb::SessionInfo> BrokerCore::StartSession(const CallContext& ctx,
                                                          const pb::StartSessionRequest& req) {
+  ASSIGN_OR_RETURN(Admission adm, Admit(ctx));
   RETURN_IF_ERROR(ValidateSessionId(req.session_id()));
-  ASSIGN_OR_RETURN(CreateOptions o, ToCreateOptions(req.spec()));
-  { ASSIGN_OR_RETURN(Lease lease, sessions_->Acquire(ctx.tenant, req.session_id(), &o)); }
+  ASSIGN_OR_RETURN(CreateOptions o, CreateOptionsFor(ctx, adm, req.spec()));
+  { ASSIGN_OR_RETURN(Lease lease, AcquireFor(ctx, req.session_id(), &o)); }
   ASSIGN_OR_RETURN(SessionView v, sessions_->Get(ctx.tenant, req.session_id()));
   pb::SessionInfo info;
   ToInfo(v, &info);
@@ -215,6 +218,7 @@ absl::StatusOr<pb::SessionInfo> BrokerCore::StartSession(const CallContext& ctx,
 
 absl::StatusOr<pb::CloseSessionResponse> BrokerCore::CloseSession(
     const CallContext& ctx, const pb::CloseSessionRequest& req) {
+  ASSIGN_OR_RETURN(Admission adm, Admit(ctx));
   RETURN_IF_ERROR(ValidateSessionId(req.session_id()));
   ASSIGN_OR_RETURN(bool existed, sessions_->Close(ctx.tenant, req.session_id()));
   pb::CloseSessionResponse resp;
@@ -224,6 +228,7 @@ absl::StatusOr<pb::CloseSessionResponse> BrokerCore::CloseSession(
 
 absl::StatusOr<pb::SessionInfo> BrokerCore::GetSession(const CallContext& ctx,
                                                        const pb::GetSessionRequest& req) {
+  ASSIGN_OR_RETURN(Admission adm, Admit(ctx));
   RETURN_IF_ERROR(ValidateSessionId(req.session_id()));
   ASSIGN_OR_RETURN(SessionView v, sessions_->Get(ctx.tenant, req.session_id()));
   pb::SessionInfo info;
@@ -233,6 +238,7 @@ absl::StatusOr<pb::SessionInfo> BrokerCore::GetSession(const CallContext& ctx,
 
 absl::StatusOr<pb::ListSessionsResponse> BrokerCore::ListSessions(
     const CallContext& ctx, const pb::ListSessionsRequest& req) {
+  ASSIGN_OR_RETURN(Admission adm, Admit(ctx));
   if (req.page_size() < 0) return absl::InvalidArgumentError("page_size must be >= 0");
   const int size =
       req.page_size() == 0 ? kDefaultPageSize : std::min(req.page_size(), kMaxPageSize);
@@ -257,6 +263,7 @@ absl::StatusOr<pb::RunResult> BrokerCore::Exec(
     Language language, bool language_given, const std::string& code, int32_t timeout_seconds,
     const google::protobuf::Map<std::string, std::string>& env,
     std::function<void(OutputStream, absl::string_view)> on_output) {
+  ASSIGN_OR_RETURN(Admission adm, Admit(ctx));
   RETURN_IF_ERROR(ValidateSessionId(session_id));
   if (code.empty()) return absl::InvalidArgumentError("code/command is empty");
   if (timeout_seconds < 0) {
@@ -267,18 +274,37 @@ absl::StatusOr<pb::RunResult> BrokerCore::Exec(
                                                    " exceeds max_timeout_seconds (",
                                                    config_.max_timeout_seconds, ")"));
   }
+  int64_t timeout = timeout_seconds == 0 ? config_.default_timeout_seconds : timeout_seconds;
+  int64_t max_output = config_.max_output_bytes;
+  if (adm.rules != nullptr) {
+    if (absl::Status s = PolicyEngine::CheckTimeout(*adm.rules, ctx.tenant, timeout_seconds);
+        !s.ok()) {
+      return Refused(ctx, s, "max_timeout_seconds");
+    }
+    timeout = std::min(timeout, adm.rules->max_timeout_seconds);
+    max_output = std::min(max_output, adm.rules->max_output_bytes);
+  }
   RETURN_IF_ERROR(ValidateEnv(env, "env"));
-  ASSIGN_OR_RETURN(CreateOptions o, ToCreateOptions(spec));
-  ASSIGN_OR_RETURN(Lease lease, sessions_->Acquire(ctx.tenant, session_id, &o));
+  ASSIGN_OR_RETURN(CreateOptions o, CreateOptionsFor(ctx, adm, spec));
+  // Admitted before anything is created; held until the run ends.
+  PolicyEngine::RunSlot slot;
+  if (adm.rules != nullptr) {
+    absl::StatusOr<PolicyEngine::RunSlot> admitted = ops_.policy->BeginRun(*adm.rules, ctx.tenant);
+    if (!admitted.ok()) {
+      const bool rate = absl::StrContains(admitted.status().message(), "run_rate");
+      return Refused(ctx, admitted.status(), rate ? "run_rate" : "max_concurrent_runs");
+    }
+    slot = std::move(*admitted);
+  }
+  ASSIGN_OR_RETURN(Lease lease, AcquireFor(ctx, session_id, &o));
   if (ctx.provider) *ctx.provider = lease.provider();
 
   ExecRequest er;
   er.language = language_given ? language : lease.language();
   er.code = code;
-  er.timeout =
-      absl::Seconds(timeout_seconds == 0 ? config_.default_timeout_seconds : timeout_seconds);
+  er.timeout = absl::Seconds(timeout);
   er.env.insert(env.begin(), env.end());
-  er.max_output_bytes = static_cast<size_t>(config_.max_output_bytes);
+  er.max_output_bytes = static_cast<size_t>(max_output);
   er.cancelled = ctx.cancelled;
   er.on_output = std::move(on_output);
   const absl::Time start = clock_->Monotonic();
@@ -294,6 +320,14 @@ absl::StatusOr<pb::RunResult> BrokerCore::Exec(
   out.set_truncated(r.truncated);
   out.set_oom_killed(r.oom_killed);
   out.set_duration_ms(absl::ToInt64Milliseconds(clock_->Monotonic() - start));
+  {
+    UsageCounters d;
+    d.runs = 1;
+    d.run_seconds = absl::ToDoubleSeconds(clock_->Monotonic() - start);
+    d.output_bytes = static_cast<int64_t>(r.output.size());
+    d.oom_kills = r.oom_killed ? 1 : 0;
+    RecordUsage(ctx, lease.provider(), d);
+  }
   if (r.cancelled) return absl::CancelledError("the call was cancelled; the run was killed");
   return out;
 }
@@ -312,17 +346,23 @@ absl::StatusOr<pb::RunResult> BrokerCore::Shell(const CallContext& ctx,
 
 absl::StatusOr<pb::WriteFileResponse> BrokerCore::WriteFile(const CallContext& ctx,
                                                             const pb::WriteFileRequest& req) {
+  ASSIGN_OR_RETURN(Admission adm, Admit(ctx));
   RETURN_IF_ERROR(ValidateSessionId(req.session_id()));
   if (req.path().empty()) return absl::InvalidArgumentError("path is empty");
   ASSIGN_OR_RETURN(std::string data, Decode(req.contents(), req.encoding(), "contents"));
-  ASSIGN_OR_RETURN(CreateOptions o, ToCreateOptions(req.spec()));
-  ASSIGN_OR_RETURN(Lease lease, sessions_->Acquire(ctx.tenant, req.session_id(), &o));
+  ASSIGN_OR_RETURN(CreateOptions o, CreateOptionsFor(ctx, adm, req.spec()));
+  ASSIGN_OR_RETURN(Lease lease, AcquireFor(ctx, req.session_id(), &o));
   if (ctx.provider) *ctx.provider = lease.provider();
   if (absl::Status s = lease.sandbox()->WriteFile(req.path(), data); !s.ok()) {
     if (metrics_ && s.code() == absl::StatusCode::kResourceExhausted) {
       metrics_->QuotaHit(lease.provider(), "disk");
     }
     return DropIfGone(ctx, req.session_id(), std::move(lease), s);
+  }
+  {
+    UsageCounters d;
+    d.file_transfer_bytes = static_cast<int64_t>(data.size());
+    RecordUsage(ctx, lease.provider(), d);
   }
   pb::WriteFileResponse resp;
   resp.set_bytes_written(static_cast<int64_t>(data.size()));
@@ -331,20 +371,24 @@ absl::StatusOr<pb::WriteFileResponse> BrokerCore::WriteFile(const CallContext& c
 
 absl::StatusOr<pb::ReadFileResponse> BrokerCore::ReadFile(const CallContext& ctx,
                                                           const pb::ReadFileRequest& req) {
+  ASSIGN_OR_RETURN(Admission adm, Admit(ctx));
   RETURN_IF_ERROR(ValidateSessionId(req.session_id()));
   if (req.path().empty()) return absl::InvalidArgumentError("path is empty");
   if (req.encoding() != pb::ENCODING_UTF8 && req.encoding() != pb::ENCODING_BASE64) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown encoding ", static_cast<int>(req.encoding())));
   }
-  ASSIGN_OR_RETURN(CreateOptions o, ToCreateOptions(req.spec()));
-  ASSIGN_OR_RETURN(Lease lease, sessions_->Acquire(ctx.tenant, req.session_id(), &o));
+  ASSIGN_OR_RETURN(CreateOptions o, CreateOptionsFor(ctx, adm, req.spec()));
+  ASSIGN_OR_RETURN(Lease lease, AcquireFor(ctx, req.session_id(), &o));
   if (ctx.provider) *ctx.provider = lease.provider();
   absl::StatusOr<std::optional<std::string>> read = lease.sandbox()->ReadFile(req.path());
   if (!read.ok()) return DropIfGone(ctx, req.session_id(), std::move(lease), read.status());
   std::optional<std::string>& data = *read;
   pb::ReadFileResponse resp;
   if (data.has_value()) {
+    UsageCounters d;
+    d.file_transfer_bytes = static_cast<int64_t>(data->size());
+    RecordUsage(ctx, lease.provider(), d);
     resp.set_found(true);
     resp.set_contents(req.encoding() == pb::ENCODING_BASE64 ? absl::Base64Escape(*data)
                                                             : RepairUtf8(*data));
@@ -369,6 +413,7 @@ absl::StatusOr<pb::RunResult> BrokerCore::RunStream(
 
 absl::StatusOr<pb::KeepAliveResponse> BrokerCore::KeepAlive(const CallContext& ctx,
                                                             const pb::KeepAliveRequest& req) {
+  ASSIGN_OR_RETURN(Admission adm, Admit(ctx));
   RETURN_IF_ERROR(ValidateSessionId(req.session_id()));
   {
     // Never creates; tells the provider too (for provider-side timers).
@@ -381,24 +426,46 @@ absl::StatusOr<pb::KeepAliveResponse> BrokerCore::KeepAlive(const CallContext& c
   return resp;
 }
 
-ToolLimits BrokerCore::Limits() const {
+ToolLimits BrokerCore::Limits(const TenantRules* rules) const {
   ToolLimits l;
   l.default_timeout_seconds = config_.default_timeout_seconds;
   l.max_timeout_seconds = config_.max_timeout_seconds;
   l.max_output_bytes = config_.max_output_bytes;
+  if (rules != nullptr) {
+    l.max_timeout_seconds = std::min<int64_t>(l.max_timeout_seconds, rules->max_timeout_seconds);
+    l.default_timeout_seconds =
+        std::min<int64_t>(l.default_timeout_seconds, l.max_timeout_seconds);
+    l.max_output_bytes = std::min<int64_t>(l.max_output_bytes, rules->max_output_bytes);
+  }
   return l;
 }
 
 absl::StatusOr<pb::ListToolsResponse> BrokerCore::ListTools(const CallContext& ctx,
                                                             const pb::ListToolsRequest& req) {
+  ASSIGN_OR_RETURN(Admission adm, Admit(ctx));
   std::vector<std::string> names;
   if (req.provider().empty()) {
     names = providers_->Names();
+    // Only the tools of providers the tenant may use.
+    if (adm.rules != nullptr) {
+      names.erase(std::remove_if(names.begin(), names.end(),
+                                 [&](const std::string& n) { return !adm.rules->AllowsProvider(n); }),
+                  names.end());
+    }
   } else {
+    const std::vector<std::string>* configured =
+        adm.rules != nullptr ? &adm.snapshot->maxima.providers : nullptr;
+    if (configured != nullptr && !adm.rules->AllowsProvider(req.provider()) &&
+        std::find(configured->begin(), configured->end(), req.provider()) != configured->end()) {
+      return Refused(ctx,
+                     PolicyEngine::CheckSpec(*adm.rules, ctx.tenant, req.provider(), "", {}),
+                     "providers", req.provider());
+    }
     RETURN_IF_ERROR(providers_->Find(req.provider()).status());
     names.push_back(req.provider());
   }
-  ASSIGN_OR_RETURN(std::vector<pb::Tool> tools, BuildTools(names, req.dialect(), Limits()));
+  ASSIGN_OR_RETURN(std::vector<pb::Tool> tools,
+                   BuildTools(names, req.dialect(), Limits(adm.rules)));
   pb::ListToolsResponse resp;
   for (auto& t : tools) *resp.add_tools() = std::move(t);
   return resp;
@@ -407,6 +474,10 @@ absl::StatusOr<pb::ListToolsResponse> BrokerCore::ListTools(const CallContext& c
 absl::StatusOr<pb::CallToolResponse> BrokerCore::CallTool(const CallContext& ctx,
                                                           const pb::CallToolRequest& req) {
   // The platform's mistakes are RPC errors; the model's are tool errors.
+  ASSIGN_OR_RETURN(Admission adm, Admit(ctx));
+  // The nested call reads the same snapshot.
+  CallContext inner = ctx;
+  inner.snapshot = adm.snapshot;
   RETURN_IF_ERROR(ValidateSessionId(req.session_id()));
   pb::CallToolResponse resp;
   auto tool_error = [&resp](const absl::Status& s) {
@@ -424,7 +495,8 @@ absl::StatusOr<pb::CallToolResponse> BrokerCore::CallTool(const CallContext& ctx
                                                    "\" does not match tool ", req.name()));
   }
   if (absl::Status s = providers_->Find(name->provider).status(); !s.ok()) return tool_error(s);
-  absl::StatusOr<ToolArgs> args = ParseToolArgs(name->op, req.arguments_json(), Limits());
+  absl::StatusOr<ToolArgs> args =
+      ParseToolArgs(name->op, req.arguments_json(), Limits(adm.rules));
   if (!args.ok()) return tool_error(args.status());
   pb::SessionSpec spec = req.spec();
   spec.set_provider(name->provider);
@@ -437,7 +509,7 @@ absl::StatusOr<pb::CallToolResponse> BrokerCore::CallTool(const CallContext& ctx
       run.set_language(name->op == ToolOp::kShell ? pb::LANGUAGE_SHELL : args->language);
       run.set_timeout_seconds(args->timeout_seconds);
       *run.mutable_spec() = spec;
-      absl::StatusOr<pb::RunResult> r = Run(ctx, run);
+      absl::StatusOr<pb::RunResult> r = Run(inner, run);
       if (!r.ok()) return tool_error(r.status());
       resp.set_content(FormatRunResult(*r));
       return resp;
@@ -449,7 +521,7 @@ absl::StatusOr<pb::CallToolResponse> BrokerCore::CallTool(const CallContext& ctx
       w.set_contents(args->contents);
       w.set_encoding(args->encoding);
       *w.mutable_spec() = spec;
-      absl::StatusOr<pb::WriteFileResponse> r = WriteFile(ctx, w);
+      absl::StatusOr<pb::WriteFileResponse> r = WriteFile(inner, w);
       if (!r.ok()) return tool_error(r.status());
       resp.set_content("ok");
       return resp;
@@ -460,13 +532,103 @@ absl::StatusOr<pb::CallToolResponse> BrokerCore::CallTool(const CallContext& ctx
       rd.set_path(args->path);
       rd.set_encoding(args->encoding);
       *rd.mutable_spec() = spec;
-      absl::StatusOr<pb::ReadFileResponse> r = ReadFile(ctx, rd);
+      absl::StatusOr<pb::ReadFileResponse> r = ReadFile(inner, rd);
       if (!r.ok()) return tool_error(r.status());
       resp.set_content(r->found() ? r->contents() : kFileNotFound);
       return resp;
     }
   }
   return resp;
+}
+
+}  // namespace sandbox
+
+namespace sandbox {
+
+absl::StatusOr<BrokerCore::Admission> BrokerCore::Admit(const CallContext& ctx) {
+  Admission a;
+  if (!ctx.request_id.empty()) a.request_id = std::make_unique<RequestIdScope>(ctx.request_id);
+  if (ops_.policy == nullptr) return a;
+  a.snapshot = ctx.snapshot ? ctx.snapshot : ops_.policy->Current();
+  a.rules = &a.snapshot->For(ctx.tenant);
+  if (absl::Status s = ops_.policy->CheckEnabled(*a.rules, ctx.tenant); !s.ok()) {
+    return Refused(ctx, s, "disabled");
+  }
+  return a;
+}
+
+absl::Status BrokerCore::Refused(const CallContext& ctx, absl::Status status,
+                                 absl::string_view rule, const std::string& provider) {
+  if (status.code() == absl::StatusCode::kResourceExhausted) {
+    UsageCounters d;
+    d.quota_refusals = 1;
+    RecordUsage(ctx, provider, d);
+  }
+  if (ops_.audit != nullptr) {
+    AuditEvent e;
+    e.event = "policy.refused";
+    e.tenant = ctx.tenant;
+    e.provider = provider;
+    e.request_id = ctx.request_id;
+    e.fields["rule"] = std::string(rule);
+    e.fields["code"] = absl::StatusCodeToString(status.code());
+    e.fields["message"] = std::string(status.message());
+    ops_.audit->Record(e);
+  }
+  return status;
+}
+
+void BrokerCore::RecordUsage(const CallContext& ctx, const std::string& provider,
+                             const UsageCounters& d) {
+  if (ops_.usage != nullptr) ops_.usage->Record(ctx.tenant, provider, d);
+}
+
+absl::StatusOr<CreateOptions> BrokerCore::CreateOptionsFor(const CallContext& ctx,
+                                                           const Admission& a,
+                                                           const pb::SessionSpec& spec) {
+  ASSIGN_OR_RETURN(CreateOptions o, ToCreateOptions(spec));
+  if (a.rules == nullptr) return o;
+  const TenantRules& r = *a.rules;
+  const std::string provider = o.provider.empty() ? r.default_provider : o.provider;
+  ResourceLimits asked;
+  asked.memory_bytes = spec.resources().memory_bytes();
+  asked.cpus = spec.resources().cpus();
+  asked.pids = spec.resources().pids();
+  asked.disk_bytes = spec.resources().disk_bytes();
+  const auto& configured = a.snapshot->maxima.providers;
+  const bool known = std::find(configured.begin(), configured.end(), provider) != configured.end();
+  if (absl::Status s =
+          PolicyEngine::CheckSpec(r, ctx.tenant, provider, o.template_name, asked, known);
+      !s.ok()) {
+    const absl::string_view rule = s.code() == absl::StatusCode::kInvalidArgument ? "resources"
+                                   : absl::StrContains(s.message(), "template") ? "templates"
+                                                                                : "providers";
+    return Refused(ctx, s, rule, provider);
+  }
+  o.default_provider = r.default_provider;
+  if (r.max_sessions < config_.max_sessions_per_tenant) o.max_sessions = r.max_sessions;
+  if (r.idle_timeout_seconds < config_.idle_timeout_seconds) {
+    o.idle_timeout = absl::Seconds(r.idle_timeout_seconds);
+  }
+  if (r.max_lifetime_seconds > 0 && (config_.max_lifetime_seconds == 0 ||
+                                     r.max_lifetime_seconds < config_.max_lifetime_seconds)) {
+    o.max_lifetime = absl::Seconds(r.max_lifetime_seconds);
+  }
+  return o;
+}
+
+absl::StatusOr<Lease> BrokerCore::AcquireFor(const CallContext& ctx, const std::string& session_id,
+                                             const CreateOptions* o) {
+  absl::StatusOr<Lease> lease = sessions_->Acquire(ctx.tenant, session_id, o);
+  if (!lease.ok() && lease.status().code() == absl::StatusCode::kResourceExhausted &&
+      absl::StrContains(lease.status().message(), "max_sessions")) {
+    const std::string provider = o == nullptr             ? ""
+                                 : !o->provider.empty()   ? o->provider
+                                 : !o->default_provider.empty() ? o->default_provider
+                                                          : config_.default_provider;
+    return Refused(ctx, lease.status(), "max_sessions", provider);
+  }
+  return lease;
 }
 
 }  // namespace sandbox

@@ -5,8 +5,11 @@
 
 #include "absl/status/statusor.h"
 #include "sandboxbroker/v1/broker.pb.h"
+#include "server/audit.h"
 #include "server/config.h"
+#include "server/policy.h"
 #include "server/session_manager.h"
+#include "server/usage.h"
 #include "server/tools.h"
 
 namespace sandbox {
@@ -20,6 +23,11 @@ struct CallContext {
   std::function<bool()> cancelled;
   // If set, receives the provider of the session the call used.
   std::string* provider = nullptr;
+  // For the audit log (empty: none).
+  std::string request_id;
+  // The operator snapshot the transport authenticated with; null = the
+  // current one. Read once per call, so a reload never splits a call.
+  std::shared_ptr<const OperatorSnapshot> snapshot;
 };
 
 // The broker's API without a transport: validates requests, maps them to
@@ -59,13 +67,47 @@ class BrokerCore {
   absl::StatusOr<pb::CallToolResponse> CallTool(const CallContext& ctx,
                                                 const pb::CallToolRequest& req);
 
+  // Operators' control (server/policy.h, usage.h, audit.h). Set before
+  // serving; each may be null (then: no tenant policy / metering / audit).
+  struct OperatorHooks {
+    PolicyEngine* policy = nullptr;
+    UsageMeter* usage = nullptr;
+    AuditLog* audit = nullptr;
+  };
+  void SetOperatorHooks(OperatorHooks hooks) { ops_ = hooks; }
+  // A session as the API shows it (the Admin API adds the tenant).
+  void Describe(const SessionView& v, pb::SessionInfo* info) const {
+    ToInfo(v, info);
+    info->set_tenant(v.tenant);
+  }
+
  private:
+  // One call's admission: the snapshot it reads and its tenant's rules.
+  struct Admission {
+    std::shared_ptr<const OperatorSnapshot> snapshot;
+    const TenantRules* rules = nullptr;  // null without a policy engine
+    std::unique_ptr<RequestIdScope> request_id;
+  };
+  // Reads the snapshot once; PERMISSION_DENIED for a disabled tenant.
+  absl::StatusOr<Admission> Admit(const CallContext& ctx);
+  // Audits a policy refusal (and counts a quota one), then returns it.
+  absl::Status Refused(const CallContext& ctx, absl::Status status, absl::string_view rule,
+                       const std::string& provider = "");
+  // ToCreateOptions plus the tenant's rules (provider, template, resources,
+  // quotas and timeouts for a new session).
+  absl::StatusOr<CreateOptions> CreateOptionsFor(const CallContext& ctx, const Admission& a,
+                                                 const pb::SessionSpec& spec);
+  // Acquire, auditing a max_sessions refusal.
+  absl::StatusOr<Lease> AcquireFor(const CallContext& ctx, const std::string& session_id,
+                                   const CreateOptions* o);
+  void RecordUsage(const CallContext& ctx, const std::string& provider, const UsageCounters& d);
+
   absl::StatusOr<pb::RunResult> Exec(
       const CallContext& ctx, const std::string& session_id, const pb::SessionSpec& spec,
       Language language, bool language_given, const std::string& code, int32_t timeout_seconds,
       const google::protobuf::Map<std::string, std::string>& env,
       std::function<void(OutputStream, absl::string_view)> on_output = nullptr);
-  ToolLimits Limits() const;
+  ToolLimits Limits(const TenantRules* rules = nullptr) const;
   // Returns `status`; when it says the provider lost the sandbox, closes the
   // session first.
   absl::Status DropIfGone(const CallContext& ctx, const std::string& session_id, Lease lease,
@@ -78,6 +120,7 @@ class BrokerCore {
   SessionManager* const sessions_;
   Clock* const clock_;
   Metrics* const metrics_;
+  OperatorHooks ops_;
 };
 
 // 1-128 characters of [A-Za-z0-9._:-].

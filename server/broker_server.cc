@@ -37,12 +37,42 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
     std::string why = (*s->providers_->Find(name))->Degraded();
     if (!why.empty()) s->metrics_->ProviderDegraded(name, why);
   }
+  // Operators' control: audit log, usage meter, tenant policy snapshot.
+  if (options.audit_sink) {
+    s->audit_ = std::make_unique<AuditLog>(options.audit_sink, s->clock_);
+  } else {
+    ASSIGN_OR_RETURN(s->audit_, AuditLog::Open(config.audit_log_path, s->clock_));
+  }
+  std::vector<std::string> provider_names = s->providers_->Names();
+  for (const auto& n : s->providers_->UnavailableNames()) provider_names.push_back(n);
+  ASSIGN_OR_RETURN(std::shared_ptr<const OperatorSnapshot> snapshot,
+                   Reloader::SnapshotOf(config, config, provider_names, 1));
+  s->usage_ = std::make_unique<UsageMeter>(s->metrics_->registry().get(), nullptr,
+                                           s->clock_->Now());
+  s->usage_->SetKnownTenants(snapshot->KnownTenants());
+  s->accounting_ = std::make_unique<SessionAccounting>(s->usage_.get(), s->audit_.get());
+  s->policy_ = std::make_unique<PolicyEngine>(s->clock_, snapshot);
   s->sessions_ =
       std::make_unique<SessionManager>(s->providers_.get(), s->clock_, limits,
                                        config.default_provider, instance_id, s->metrics_.get());
-  s->auth_ = std::make_unique<Authenticator>(config.tokens);
+  s->sessions_->set_observer(s->accounting_.get());
+  s->auth_ = std::make_unique<Authenticator>(s->policy_.get());
   s->core_ = std::make_unique<BrokerCore>(config, s->providers_.get(), s->sessions_.get(),
                                           s->clock_, s->metrics_.get());
+  s->core_->SetOperatorHooks({s->policy_.get(), s->usage_.get(), s->audit_.get()});
+  s->reloader_ = std::make_unique<Reloader>(options.config_path, options.listen_override, config,
+                                            provider_names, s->policy_.get(), s->usage_.get(),
+                                            s->audit_.get());
+  AdminService::Deps deps;
+  deps.sessions = s->sessions_.get();
+  deps.core = s->core_.get();
+  deps.policy = s->policy_.get();
+  deps.usage = s->usage_.get();
+  deps.audit = s->audit_.get();
+  deps.reloader = s->reloader_.get();
+  deps.clock = s->clock_;
+  deps.metrics = s->metrics_.get();
+  s->admin_service_ = std::make_unique<AdminService>(deps);
   s->service_ =
       std::make_unique<BrokerService>(s->core_.get(), s->auth_.get(), s->clock_, s->metrics_.get());
 
@@ -85,6 +115,7 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
   int port = 0;
   builder.AddListeningPort(config.listen, creds, &port);
   builder.RegisterService(s->service_.get());
+  builder.RegisterService(s->admin_service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_bytes));
   grpc::ResourceQuota quota("sandbox-broker");
@@ -105,6 +136,11 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
         self->sessions_->RunOnce();
       }
     });
+  }
+  // Watched whenever there is a config to reload: a reload may name a
+  // tokens_file the start did not have.
+  if (options.watch_tokens_file && !options.config_path.empty()) {
+    s->reloader_->StartWatching(options.watch_interval);
   }
   Log(LogLevel::kInfo, "broker.serving",
       {{"address", s->address()},
@@ -165,6 +201,7 @@ void BrokerServer::Shutdown(absl::Duration grace) {
     shut_down_ = true;
   }
   if (!stop_reaper_.HasBeenNotified()) stop_reaper_.Notify();
+  if (reloader_) reloader_->Stop();
   if (reaper_.joinable()) reaper_.join();
   // Calls still running at the deadline are cancelled; their runs see it.
   server_->Shutdown(absl::ToChronoTime(Clock::Real()->Now() + grace));

@@ -9,12 +9,17 @@
 #include "adapters/api/registry.h"
 #include "grpcpp/server.h"
 #include "prometheus/exposer.h"
+#include "server/admin_service.h"
+#include "server/audit.h"
 #include "server/auth.h"
 #include "server/broker_core.h"
 #include "server/config.h"
 #include "server/grpc_service.h"
 #include "server/metrics.h"
+#include "server/policy.h"
+#include "server/reload.h"
 #include "server/session_manager.h"
+#include "server/usage.h"
 
 namespace sandbox {
 
@@ -30,6 +35,16 @@ class BrokerServer {
     // Run the reaper on its own thread every reap_interval_seconds. Tests
     // turn it off and call sessions()->RunOnce().
     bool reaper_thread = true;
+    // The config file, re-read by Reload (SIGHUP, Admin.ReloadConfig, a
+    // change of auth.tokens_file); empty = nothing to reload.
+    std::string config_path;
+    std::string listen_override;  // --listen, kept across reloads
+    // Poll auth.tokens_file for changes on a thread (tests call
+    // reloader()->CheckTokensFile() instead).
+    bool watch_tokens_file = true;
+    absl::Duration watch_interval = absl::Seconds(1);
+    // Instead of audit_log.path / stderr (tests).
+    std::function<void(absl::string_view)> audit_sink;
   };
 
   static absl::StatusOr<std::unique_ptr<BrokerServer>> Start(
@@ -48,6 +63,13 @@ class BrokerServer {
   void Drain();
   std::string address() const;
   SessionManager* sessions() { return sessions_.get(); }
+  PolicyEngine* policy() { return policy_.get(); }
+  UsageMeter* usage() { return usage_.get(); }
+  Reloader* reloader() { return reloader_.get(); }
+  // Reload without restart (see Reloader::Reload).
+  absl::StatusOr<ReloadResult> Reload(const std::string& source) {
+    return reloader_->Reload(source);
+  }
 
   // Stops accepting calls, waits up to `grace` for running ones, then closes
   // every session. Idempotent.
@@ -62,10 +84,18 @@ class BrokerServer {
   BrokerConfig config_;
   Clock* clock_ = nullptr;
   std::unique_ptr<ProviderRegistry> providers_;
+  // Before sessions_: its destructor closes sessions, which are metered
+  // and audited.
+  std::unique_ptr<AuditLog> audit_;
+  std::unique_ptr<UsageMeter> usage_;
+  std::unique_ptr<SessionAccounting> accounting_;
+  std::unique_ptr<PolicyEngine> policy_;
   std::unique_ptr<SessionManager> sessions_;
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<BrokerCore> core_;
   std::unique_ptr<BrokerService> service_;
+  std::unique_ptr<Reloader> reloader_;
+  std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<grpc::Server> server_;

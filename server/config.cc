@@ -87,8 +87,20 @@ absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text) {
     ConfigReader auth(r.Object("auth"), "auth");
     auto tokens = auth.StringMap("tokens");
     std::string tokens_file = auth.String("tokens_file", "");
+    auto admin_tokens = auth.StringMap("admin_tokens");
     RETURN_IF_ERROR(auth.Finish());
     RETURN_IF_ERROR(AddTokens(tokens, "auth.tokens", &c.tokens));
+    c.tokens_file = tokens_file;
+    for (const auto& [token, name] : admin_tokens) {
+      if (token.size() < 8) {
+        return absl::InvalidArgumentError("auth.admin_tokens: tokens must be at least 8 characters");
+      }
+      if (!IsValidTenant(name)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "auth.admin_tokens: admin name \"", name, "\" must be 1-64 characters of [A-Za-z0-9._-]"));
+      }
+      c.admin_tokens[token] = name;
+    }
     if (!tokens_file.empty()) {
       ASSIGN_OR_RETURN(std::string text, ReadFile(tokens_file, "auth.tokens_file"));
       nlohmann::json tj = nlohmann::json::parse(text, nullptr, false);
@@ -108,6 +120,13 @@ absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text) {
     }
   }
   const nlohmann::json& providers = r.Object("providers");
+  const nlohmann::json& tenant_defaults = r.Object("tenant_defaults");
+  const nlohmann::json& tenants = r.Object("tenants");
+  {
+    ConfigReader audit(r.Object("audit_log"), "audit_log");
+    c.audit_log_path = audit.String("path", "", false);
+    RETURN_IF_ERROR(audit.Finish());
+  }
   RETURN_IF_ERROR(r.Finish());
   if (!providers.is_null()) c.providers = providers;
   for (auto it = c.providers.begin(); it != c.providers.end(); ++it) {
@@ -116,6 +135,20 @@ absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text) {
           absl::StrCat("providers.", it.key(), ": must be a JSON object"));
     }
   }
+  for (const auto& [token, name] : c.admin_tokens) {
+    if (c.tokens.count(token) != 0) {
+      return absl::InvalidArgumentError(
+          "auth.admin_tokens: a token is also a tenant token; use separate tokens");
+    }
+  }
+  {
+    std::vector<std::string> configured;
+    for (auto it = c.providers.begin(); it != c.providers.end(); ++it) configured.push_back(it.key());
+    if (!c.providers.contains(c.default_provider)) configured.push_back(c.default_provider);
+    ASSIGN_OR_RETURN(c.policy,
+                     ParsePolicyConfig(tenant_defaults, tenants, configured, c.default_provider));
+  }
+  c.raw = j;
   if (c.default_timeout_seconds > c.max_timeout_seconds) {
     return absl::InvalidArgumentError(
         "default_timeout_seconds: must not exceed max_timeout_seconds");

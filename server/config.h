@@ -7,6 +7,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
+#include "server/policy.h"
 
 namespace sandbox {
 
@@ -47,6 +48,14 @@ struct BrokerConfig {
   std::map<std::string, std::string> tokens;
   // providers.<name>: each provider reads its own object.
   nlohmann::json providers = nlohmann::json::object();
+  // Operators' control (README "Operators' control").
+  // auth.admin_tokens: bearer token -> admin name, for the Admin service.
+  std::map<std::string, std::string> admin_tokens;
+  std::string tokens_file;  // auth.tokens_file (watched for changes)
+  PolicyConfig policy;      // tenant_defaults + tenants
+  std::string audit_log_path;  // audit_log.path; empty = stderr
+  // The file as parsed, to tell which keys a reload changed.
+  nlohmann::json raw = nlohmann::json::object();
 };
 
 absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text);

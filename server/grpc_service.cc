@@ -36,7 +36,6 @@ bool BrokerService::WaitForIdle(absl::Duration timeout) {
   return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
 }
 
-namespace {
 // A caller's x-request-id if it is sane (then echoed back), else a fresh
 // one: a per-process random prefix and a counter, so no syscall per call.
 std::string RequestId(const grpc::ServerContext* ctx, bool* from_client) {
@@ -57,7 +56,6 @@ std::string RequestId(const grpc::ServerContext* ctx, bool* from_client) {
   static std::atomic<uint64_t> counter{0};
   return absl::StrCat(*prefix, "-", ++counter);
 }
-}  // namespace
 
 template <typename Resp, typename Fn>
 grpc::Status BrokerService::Handle(grpc::ServerContext* ctx, absl::string_view method,
@@ -81,7 +79,10 @@ grpc::Status BrokerService::Handle(grpc::ServerContext* ctx, absl::string_view m
   auto it = md.find("authorization");
   absl::string_view value;
   if (it != md.end()) value = absl::string_view(it->second.data(), it->second.size());
-  absl::StatusOr<std::string> tenant = auth_->Authenticate(it != md.end() ? &value : nullptr);
+  // One snapshot of tokens and policy for the whole call.
+  std::shared_ptr<const OperatorSnapshot> snapshot = auth_->snapshot();
+  absl::StatusOr<std::string> tenant =
+      Authenticator::AuthenticateWith(*snapshot, it != md.end() ? &value : nullptr);
   absl::Status status;
   if (!tenant.ok()) {
     status = tenant.status();
@@ -90,6 +91,8 @@ grpc::Status BrokerService::Handle(grpc::ServerContext* ctx, absl::string_view m
     cc.tenant = *tenant;
     cc.cancelled = [ctx] { return ctx->IsCancelled(); };
     cc.provider = &provider;
+    cc.request_id = request_id;
+    cc.snapshot = std::move(snapshot);
     auto r = fn(cc);
     status = r.status();
     if (r.ok()) *resp = std::move(*r);

@@ -68,4 +68,8 @@ class BrokerService final : public pb::SandboxBroker::Service {
 
 grpc::Status ToGrpcStatus(const absl::Status& s);
 
+// The call's request id: the caller's x-request-id when sane (`from_client`
+// then true: echo it back), else a fresh one.
+std::string RequestId(const grpc::ServerContext* ctx, bool* from_client);
+
 }  // namespace sandbox

@@ -23,7 +23,7 @@ constexpr char kUsage[] =
     "  --listen ADDR   overrides the config's listen address (host:port)\n"
     "  --check-config  validate the config (and each provider's section), then exit\n"
     "Signals: SIGTERM/SIGINT drain gracefully (drain_grace_seconds); a second one\n"
-    "forces the exit.\n"
+    "forces the exit. SIGHUP reloads tokens, admin tokens and tenant policy.\n"
     "With no config: the local provider on 127.0.0.1:50051.\n";
 
 int Fail(const std::string& msg) {
@@ -82,16 +82,27 @@ int main(int argc, char** argv) {
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
   auto providers = BuildProviders(*config);
   if (!providers.ok()) return Fail(std::string(providers.status().message()));
-  auto server = BrokerServer::Start(*config, std::move(*providers), {});
+  BrokerServer::Options options;
+  options.config_path = config_path;
+  options.listen_override = listen;
+  auto server = BrokerServer::Start(*config, std::move(*providers), options);
   if (!server.ok()) return Fail(std::string(server.status().message()));
 
   int sig = 0;
-  sigwait(&sigs, &sig);
+  while (true) {
+    sigwait(&sigs, &sig);
+    if (sig != SIGHUP) break;
+    // Reload without restart; the outcome is logged (and audited).
+    Log(LogLevel::kInfo, "broker.signal", {{"signal", strsignal(sig)}});
+    (void)(*server)->Reload("sighup");
+  }
+  sigdelset(&sigs, SIGHUP);
   Log(LogLevel::kInfo, "broker.signal", {{"signal", strsignal(sig)}});
   // A second signal while shutting down forces the exit.
   std::thread([sigs]() mutable {

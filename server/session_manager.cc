@@ -1,5 +1,7 @@
 #include "server/session_manager.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 
@@ -17,6 +19,8 @@ absl::string_view CloseReasonName(CloseReason r) {
       return "shutdown";
     case CloseReason::kGone:
       return "gone";
+    case CloseReason::kAdmin:
+      return "admin";
   }
   return "client";
 }
@@ -31,6 +35,8 @@ struct SessionManager::Session {
   std::map<std::string, std::string> labels;
   absl::Time created_wall;
   absl::Time created_mono;
+  absl::Duration idle_timeout;
+  absl::Duration max_lifetime;  // zero = none
 
   // Guarded by SessionManager::mu_.
   SessionStateKind state = SessionStateKind::kCreating;
@@ -97,7 +103,7 @@ void SessionManager::UnindexLocked(Session* s) {
 
 void SessionManager::IndexIdleLocked(Session* s) {
   if (s->idle_key != absl::InfiniteFuture()) idle_.erase({s->idle_key, s});
-  s->idle_key = s->last_active_mono + limits_.idle_timeout;
+  s->idle_key = s->last_active_mono + s->idle_timeout;
   idle_.insert({s->idle_key, s});
 }
 
@@ -132,7 +138,9 @@ absl::StatusOr<Lease> SessionManager::Acquire(const std::string& tenant,
   Provider* provider = nullptr;
   std::string provider_name;
   if (create != nullptr) {
-    provider_name = create->provider.empty() ? default_provider_ : create->provider;
+    provider_name = !create->provider.empty()         ? create->provider
+                    : !create->default_provider.empty() ? create->default_provider
+                                                        : default_provider_;
   }
   absl::MutexLock l(&mu_);
   while (true) {
@@ -151,6 +159,12 @@ absl::StatusOr<Lease> SessionManager::Acquire(const std::string& tenant,
         }
         provider = *p;
       }
+      if (create->max_sessions > 0 &&
+          static_cast<int64_t>(sessions.size()) >= create->max_sessions) {
+        return absl::ResourceExhaustedError(absl::StrCat("tenant ", tenant, ": max_sessions (",
+                                                         create->max_sessions,
+                                                         ") reached: close a session first"));
+      }
       if (static_cast<int64_t>(sessions.size()) >= limits_.max_sessions_per_tenant) {
         return absl::ResourceExhaustedError(absl::StrCat("max_sessions_per_tenant (",
                                                          limits_.max_sessions_per_tenant,
@@ -167,6 +181,10 @@ absl::StatusOr<Lease> SessionManager::Acquire(const std::string& tenant,
       s->created_mono = clock_->Monotonic();
       s->last_active_wall = s->created_wall;
       s->last_active_mono = s->created_mono;
+      s->idle_timeout =
+          create->idle_timeout > absl::ZeroDuration() ? create->idle_timeout : limits_.idle_timeout;
+      s->max_lifetime =
+          create->max_lifetime > absl::ZeroDuration() ? create->max_lifetime : limits_.max_lifetime;
       sessions.emplace(session_id, s);
       ++total_;
       mu_.Unlock();
@@ -230,7 +248,7 @@ absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Sessi
       }
     }
   }
-  absl::MutexLock l(&mu_);
+  mu_.Lock();
   if (!status.ok()) {
     auto t = tenants_.find(s->tenant);
     t->second.erase(s->session_id);
@@ -246,6 +264,7 @@ absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Sessi
          {"session_id", s->session_id},
          {"provider", s->provider},
          {"code", absl::StatusCodeToString(status.code())}});
+    mu_.Unlock();
     return status;
   }
   s->sandbox = sandbox;
@@ -253,8 +272,8 @@ absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Sessi
   s->state = SessionStateKind::kReady;
   s->last_active_mono = clock_->Monotonic();
   s->last_active_wall = clock_->Now();
-  if (limits_.max_lifetime > absl::ZeroDuration()) {
-    s->lifetime_key = s->created_mono + limits_.max_lifetime;
+  if (s->max_lifetime > absl::ZeroDuration()) {
+    s->lifetime_key = s->created_mono + s->max_lifetime;
     lifetime_.insert({s->lifetime_key, s.get()});
   }
   if (metrics_) metrics_->SessionCreated(s->provider, s->tenant, clock_->Monotonic() - start);
@@ -264,13 +283,17 @@ absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Sessi
        {"provider", s->provider},
        {"sandbox_id", s->sandbox_id},
        {"duration_ms", absl::ToInt64Milliseconds(clock_->Monotonic() - start)}});
-  return MakeLeaseLocked(s);
+  Lease lease = MakeLeaseLocked(s);
+  SessionView view = ViewLocked(*s);
+  mu_.Unlock();
+  if (observer_ != nullptr) observer_->SessionCreated(view);
+  return lease;
 }
 
 void SessionManager::FinishClose(const std::shared_ptr<Session>& s,
                                  std::shared_ptr<Sandbox> sandbox, CloseReason reason) {
   absl::Status st = sandbox ? sandbox->Destroy() : absl::OkStatus();
-  absl::MutexLock l(&mu_);
+  mu_.Lock();
   auto t = tenants_.find(s->tenant);
   if (t != tenants_.end()) {
     t->second.erase(s->session_id);
@@ -286,6 +309,10 @@ void SessionManager::FinishClose(const std::shared_ptr<Session>& s,
        {"sandbox_id", s->sandbox_id},
        {"reason", CloseReasonName(reason)},
        {"destroy", st.ok() ? std::string("ok") : std::string(st.message())}});
+  const SessionView view = ViewLocked(*s);
+  const absl::Duration age = clock_->Monotonic() - s->created_mono;
+  mu_.Unlock();
+  if (observer_ != nullptr) observer_->SessionClosed(view, reason, age);
 }
 
 absl::StatusOr<bool> SessionManager::Close(const std::string& tenant, const std::string& session_id,
@@ -328,6 +355,7 @@ absl::StatusOr<bool> SessionManager::Close(const std::string& tenant, const std:
 
 SessionView SessionManager::ViewLocked(const Session& s) const {
   SessionView v;
+  v.tenant = s.tenant;
   v.session_id = s.session_id;
   v.provider = s.provider;
   v.sandbox_id = s.sandbox_id;
@@ -337,10 +365,10 @@ SessionView SessionManager::ViewLocked(const Session& s) const {
   const absl::Time now_mono = clock_->Monotonic();
   const absl::Time now_wall = clock_->Now();
   if (s.state == SessionStateKind::kReady && s.inflight == 0) {
-    v.idle_expires_at = now_wall + (s.last_active_mono + limits_.idle_timeout - now_mono);
+    v.idle_expires_at = now_wall + (s.last_active_mono + s.idle_timeout - now_mono);
   }
-  if (limits_.max_lifetime > absl::ZeroDuration()) {
-    v.expires_at = s.created_wall + limits_.max_lifetime;
+  if (s.max_lifetime > absl::ZeroDuration()) {
+    v.expires_at = s.created_wall + s.max_lifetime;
   }
   v.language = s.language;
   v.template_name = s.template_name;
@@ -392,7 +420,7 @@ absl::StatusOr<absl::Time> SessionManager::KeepAlive(const std::string& tenant,
       s->last_active_mono = clock_->Monotonic();
       s->last_active_wall = clock_->Now();
       if (s->inflight == 0) IndexIdleLocked(s);
-      return s->last_active_wall + limits_.idle_timeout;
+      return s->last_active_wall + s->idle_timeout;
     }
   }
   return absl::NotFoundError(absl::StrCat("session \"", session_id, "\" not found"));
@@ -437,6 +465,68 @@ void SessionManager::CloseAll() {
     }
   }
   for (const auto& [tenant, id] : keys) (void)Close(tenant, id, CloseReason::kShutdown);
+}
+
+}  // namespace sandbox
+
+namespace sandbox {
+
+bool SessionManager::MatchesLocked(const Session& s, const SessionFilter& f) const {
+  if (!f.tenant.empty() && s.tenant != f.tenant) return false;
+  if (!f.provider.empty() && s.provider != f.provider) return false;
+  if (f.state.has_value() && s.state != *f.state) return false;
+  for (const auto& [k, v] : f.labels) {
+    auto it = s.labels.find(k);
+    if (it == s.labels.end() || it->second != v) return false;
+  }
+  return true;
+}
+
+std::vector<SessionView> SessionManager::ListAll(const SessionFilter& f,
+                                                 const std::pair<std::string, std::string>& after,
+                                                 int limit, bool* more) {
+  std::vector<SessionView> out;
+  *more = false;
+  absl::MutexLock l(&mu_);
+  std::vector<const std::string*> names;
+  for (const auto& [tenant, sessions] : tenants_) {
+    if (f.tenant.empty() ? tenant >= after.first : tenant == f.tenant) names.push_back(&tenant);
+  }
+  std::sort(names.begin(), names.end(),
+            [](const std::string* a, const std::string* b) { return *a < *b; });
+  for (const std::string* tenant : names) {
+    const auto& sessions = tenants_.find(*tenant)->second;
+    auto it = *tenant == after.first ? sessions.upper_bound(after.second) : sessions.begin();
+    if (*tenant < after.first) continue;
+    for (; it != sessions.end(); ++it) {
+      if (!MatchesLocked(*it->second, f)) continue;
+      if (static_cast<int>(out.size()) == limit) {
+        *more = true;
+        return out;
+      }
+      out.push_back(ViewLocked(*it->second));
+    }
+  }
+  return out;
+}
+
+int SessionManager::CloseMatching(const SessionFilter& f, CloseReason reason) {
+  std::vector<std::pair<std::string, std::string>> keys;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [tenant, sessions] : tenants_) {
+      if (!f.tenant.empty() && tenant != f.tenant) continue;
+      for (const auto& [id, s] : sessions) {
+        if (MatchesLocked(*s, f)) keys.emplace_back(tenant, id);
+      }
+    }
+  }
+  int n = 0;
+  for (const auto& [tenant, id] : keys) {
+    auto r = Close(tenant, id, reason);
+    if (r.ok() && *r) ++n;
+  }
+  return n;
 }
 
 }  // namespace sandbox

@@ -39,12 +39,19 @@ struct CreateOptions {
   SandboxResources resources;  // SessionSpec.resources
   // Seed files: written before the first call runs; (path, bytes).
   std::vector<std::pair<std::string, std::string>> files;
+  // Tenant policy (server/policy.h) for a session this call creates; zero
+  // values mean the manager's own limits.
+  std::string default_provider;  // when `provider` is empty
+  int64_t max_sessions = 0;      // the tenant's quota; refusals name it
+  absl::Duration idle_timeout = absl::ZeroDuration();
+  absl::Duration max_lifetime = absl::ZeroDuration();
 };
 
 enum class SessionStateKind { kCreating, kReady, kClosing };
 
 // A point-in-time view of one session, for GetSession / ListSessions.
 struct SessionView {
+  std::string tenant;
   std::string session_id;
   std::string provider;
   std::string sandbox_id;
@@ -63,10 +70,30 @@ struct SessionView {
 };
 
 // Why a session ended, for logs and metrics.
-enum class CloseReason { kClient, kIdle, kLifetime, kShutdown, kGone };
+enum class CloseReason { kClient, kIdle, kLifetime, kShutdown, kGone, kAdmin };
 absl::string_view CloseReasonName(CloseReason r);
 
 class SessionManager;
+
+// Told about session lifecycle events (for usage metering and the audit
+// log). Called on the thread that caused the event, with no lock held.
+class SessionObserver {
+ public:
+  virtual ~SessionObserver() = default;
+  virtual void SessionCreated(const SessionView& v) {}
+  // A session taken over from a store or another replica.
+  virtual void SessionAdopted(const SessionView& v) {}
+  // `age`: from creation to destruction.
+  virtual void SessionClosed(const SessionView& v, CloseReason reason, absl::Duration age) {}
+};
+
+// Which sessions an admin listing or bulk close selects (empty = any).
+struct SessionFilter {
+  std::string tenant;
+  std::string provider;
+  std::optional<SessionStateKind> state;
+  std::map<std::string, std::string> labels;  // all must match
+};
 
 // A call's hold on a session: while any lease exists the session is not
 // idle and cannot be reaped. Movable; releasing marks the session active now.
@@ -139,6 +166,17 @@ class SessionManager {
   // Closes every session (reason kShutdown).
   void CloseAll();
 
+  // Across tenants (the Admin API): up to `limit` sessions matching `f` after
+  // (tenant, id) `after`, ordered by (tenant, id).
+  std::vector<SessionView> ListAll(const SessionFilter& f,
+                                   const std::pair<std::string, std::string>& after, int limit,
+                                   bool* more);
+  // Closes every session matching `f`; returns how many were closed.
+  int CloseMatching(const SessionFilter& f, CloseReason reason);
+
+  // Set before serving; may be null.
+  void set_observer(SessionObserver* o) { observer_ = o; }
+
   int64_t size() const;
 
  private:
@@ -163,6 +201,10 @@ class SessionManager {
   const std::string default_provider_;
   const std::string instance_id_;
   Metrics* const metrics_;
+  SessionObserver* observer_ = nullptr;
+
+  bool MatchesLocked(const Session& s, const SessionFilter& f) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   // tenant -> (session id -> session), ordered for paging.
