@@ -22,6 +22,17 @@ struct CallContext {
   std::string* provider = nullptr;
 };
 
+// What CallTool can also report, for transports that show more than the
+// tool's text (MCP: structured results, output as it is produced).
+struct CallToolExtras {
+  // run/shell: each output chunk as it is produced (on the calling thread).
+  std::function<void(OutputStream, absl::string_view)> on_output;
+  // Set when a run/shell ran to a result.
+  pb::RunResult* run = nullptr;
+  // Set by read_file: whether the file existed.
+  bool* found = nullptr;
+};
+
 // The broker's API without a transport: validates requests, maps them to
 // sessions and provider calls, and builds responses. The gRPC service is a
 // thin shell over this, so tests can drive it directly.
@@ -58,6 +69,9 @@ class BrokerCore {
                                                   const pb::ListToolsRequest& req);
   absl::StatusOr<pb::CallToolResponse> CallTool(const CallContext& ctx,
                                                 const pb::CallToolRequest& req);
+  absl::StatusOr<pb::CallToolResponse> CallTool(const CallContext& ctx,
+                                                const pb::CallToolRequest& req,
+                                                const CallToolExtras& extras);
 
  private:
   absl::StatusOr<pb::RunResult> Exec(

@@ -92,6 +92,19 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
   }
   s->port_ = port;
   s->host_ = config.listen.substr(0, config.listen.rfind(':'));
+  if (!config.mcp.listen.empty()) {
+    McpServerOptions mo;
+    mo.allowed_origins = config.mcp.allowed_origins;
+    mo.allowed_hosts = config.mcp.allowed_hosts;
+    mo.loopback_hosts_only = IsLoopbackListen(config.mcp.listen);
+    mo.max_body_bytes = static_cast<size_t>(config.mcp.max_body_bytes);
+    mo.max_sessions = static_cast<size_t>(config.mcp.max_sessions);
+    mo.session_idle_timeout = absl::Seconds(config.idle_timeout_seconds);
+    mo.keepalive_interval = absl::Seconds(config.mcp.keepalive_seconds);
+    s->mcp_backend_ = std::make_unique<McpCoreBackend>(s->core_.get(), s->auth_.get());
+    s->mcp_ = std::make_unique<McpServer>(s->mcp_backend_.get(), s->clock_, mo);
+    ASSIGN_OR_RETURN(s->mcp_http_, McpHttpListener::Start(s->mcp_.get(), config));
+  }
   s->SetHealth(true);
   if (options.reaper_thread) {
     BrokerServer* self = s.get();
@@ -164,6 +177,11 @@ void BrokerServer::Shutdown(absl::Duration grace) {
   if (reaper_.joinable()) reaper_.join();
   // Calls still running at the deadline are cancelled; their runs see it.
   server_->Shutdown(absl::ToChronoTime(Clock::Real()->Now() + grace));
+  if (mcp_http_) {
+    mcp_->CancelAll();
+    mcp_http_->Stop();
+    mcp_->CloseAllSessions();
+  }
   if (config_.drain_close_sandboxes) sessions_->CloseAll();
   Log(LogLevel::kInfo, "broker.stopped", {});
 }

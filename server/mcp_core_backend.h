@@ -1,0 +1,28 @@
+#pragma once
+
+#include "server/auth.h"
+#include "server/broker_core.h"
+#include "server/mcp_backend.h"
+
+namespace sandbox {
+
+// The daemon's MCP backend: the same BrokerCore and Authenticator as gRPC,
+// so tenants, quotas, limits, reaping and errors are the same.
+//
+// Thread-safe.
+class McpCoreBackend final : public McpBackend {
+ public:
+  McpCoreBackend(BrokerCore* core, const Authenticator* auth) : core_(core), auth_(auth) {}
+
+  absl::StatusOr<std::string> Authenticate(const std::string* authorization) override;
+  absl::StatusOr<std::vector<pb::Tool>> ListTools(const std::string& tenant) override;
+  absl::StatusOr<McpToolOutcome> CallTool(const McpCall& call,
+                                          const pb::CallToolRequest& req) override;
+  void CloseSession(const std::string& tenant, const std::string& session_id) override;
+
+ private:
+  BrokerCore* const core_;
+  const Authenticator* const auth_;
+};
+
+}  // namespace sandbox
