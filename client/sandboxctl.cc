@@ -17,7 +17,10 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"
+#include "client/mcp_grpc_backend.h"
+#include "grpcpp/channel.h"
 #include "client/remote_sandbox.h"
+#include "server/mcp_server.h"
 
 namespace {
 
@@ -43,6 +46,8 @@ commands:
   tools                 list LLM tool definitions (see --dialect, --provider)
   call-tool NAME JSON|- execute a tool call; prints its content (exit 1 if is_error)
   health [SERVICE]      grpc.health.v1 check (no token); exit 0 only when SERVING
+  mcp                   serve MCP over stdio (both 2025-11-25 and 2026-07-28), forwarding
+                        tool calls to the broker (see README "MCP")
 
 flags:
   --addr HOST:PORT      broker address ($SANDBOX_BROKER_ADDR, default 127.0.0.1:50051)
@@ -94,6 +99,24 @@ void PrintInfo(const sandbox::pb::SessionInfo& i) {
             << "\tstate=" << sandbox::pb::SessionState_Name(i.state())
             << "\tcreated=" << TextOf(i.created_at())
             << "\tidle_expires=" << TextOf(i.idle_expires_at()) << "\n";
+}
+
+// MCP over stdio: one JSON-RPC message per line on stdin/stdout; logs and
+// errors go to stderr only.
+int ServeMcp(const std::string& addr, const std::string& token,
+             const sandbox::RemoteSandbox::Tls& tls) {
+  sandbox::McpGrpcBackend backend(
+      sandbox::pb::SandboxBroker::NewStub(sandbox::RemoteSandbox::MakeChannel(addr, tls)), token);
+  sandbox::McpServer server(&backend, sandbox::Clock::Real(), {});
+  sandbox::McpStdio stdio(&server, "", [](const std::string& line) {
+    fwrite(line.data(), 1, line.size(), stdout);
+    fputc('\n', stdout);
+    fflush(stdout);
+  });
+  std::string line;
+  while (std::getline(std::cin, line)) stdio.HandleLine(line);
+  stdio.Finish();
+  return 0;
 }
 
 }  // namespace
@@ -196,6 +219,10 @@ int main(int argc, char** argv) {
     if (!r.ok()) return RpcError(r.status());
     std::cout << *r << "\n";
     return *r == "SERVING" ? 0 : 1;
+  }
+  if (cmd == "mcp") {
+    if (args.size() != 1) return Usage("mcp takes no arguments");
+    return ServeMcp(addr, token, tls);
   }
   sandbox::pb::SessionSpec spec;
   spec.set_provider(provider);

@@ -478,7 +478,12 @@ json McpServer::CheckModernMeta(const json& msg) {
     return McpError(id, kInvalidParams,
                     absl::StrCat("Invalid params: _meta[\"", kMetaCaps, "\"] is required"));
   }
-  const std::string version = v->get<std::string>();
+  return nullptr;
+}
+
+json McpServer::CheckModernVersion(const json& msg) {
+  json id = msg.contains("id") ? msg["id"] : json();
+  const std::string version = MetaVersion(msg);
   if (version != kMcpModernVersion) {
     return McpError(id, kUnsupportedVersion, "Unsupported protocol version",
                     {{"supported", McpSupportedVersions()}, {"requested", RepairUtf8(version)}});
@@ -523,6 +528,7 @@ McpHttpResponse McpServer::Modern(const McpHttpRequest& req, const json& msg,
       }
     }
   }
+  if (json err = CheckModernVersion(msg); !err.is_null()) return JsonResponse(400, err);
   if (IsNotification(msg)) return Empty(202);
   Dispatch d;
   d.modern = true;
@@ -594,6 +600,11 @@ json McpServer::Call(const json& msg, const Dispatch& d, int* http_status) {
   json resp;
   if (method == "tools/list") {
     resp = ToolsList(d, id);
+    if (d.modern && resp.contains("result")) {
+      // Caching hints (2026-07-28): the list changes only with the config.
+      resp["result"]["ttlMs"] = 60000;
+      resp["result"]["cacheScope"] = "private";
+    }
   } else if (method == "tools/call") {
     resp = ToolsCall(msg, d);
   } else if (!d.modern && method == "ping") {
@@ -618,7 +629,9 @@ json McpServer::Call(const json& msg, const Dispatch& d, int* http_status) {
                        {"instructions",
                         "Each tool runs in an isolated sandbox. Tool calls without a `session` "
                         "argument share this tenant's session \"mcp\"; pass `session` to keep "
-                        "a conversation's files apart."}});
+                        "a conversation's files apart."},
+                       {"ttlMs", 300000},
+                       {"cacheScope", "private"}});
   } else {
     set_status(404);
     return McpError(id, kMethodNotFound, absl::StrCat("Method not found: ", RepairUtf8(method)));
@@ -813,6 +826,7 @@ void McpStdio::HandleLine(const std::string& line) {
   d.modern = modern;
   if (modern) {
     if (json err = McpServer::CheckModernMeta(msg); !err.is_null()) return Send(err);
+    if (json err = McpServer::CheckModernVersion(msg); !err.is_null()) return Send(err);
     d.default_session = "mcp";
   } else {
     absl::MutexLock l(&mu_);

@@ -116,9 +116,11 @@ class McpServer {
   // cancelled call). `http_status` (optional) gets the HTTP status the
   // modern era gives it.
   nlohmann::json Call(const nlohmann::json& msg, const Dispatch& d, int* http_status);
-  // Validates a modern request's _meta: -32602 / -32022 error response, or
-  // null when valid.
+  // Validates a modern request's required _meta fields: a -32602 error
+  // response, or null when present.
   static nlohmann::json CheckModernMeta(const nlohmann::json& msg);
+  // -32022 naming the supported versions, or null for 2026-07-28.
+  static nlohmann::json CheckModernVersion(const nlohmann::json& msg);
   McpBackend* backend() { return backend_; }
 
  private:
