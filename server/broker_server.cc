@@ -157,6 +157,8 @@ void BrokerServer::Drain() {
     Log(LogLevel::kWarning, "broker.drain_grace_expired",
         {{"calls_in_flight", service_->calls_in_flight()}});
   }
+  // MCP calls are not held for the grace: they are cancelled (runs killed).
+  if (mcp_) mcp_->CancelAll();
   if (config_.drain_close_sandboxes) {
     sessions_->CloseAll();
   } else {
