@@ -33,6 +33,33 @@ constexpr char kModernSession[] = "mcp";
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
+// Messages nested deeper than this are rejected before parsing: parsing is
+// iterative, but serializing (arguments are re-serialized) recurses.
+constexpr int kMaxJsonDepth = 64;
+
+bool JsonDepthOk(absl::string_view text) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      if (++depth > kMaxJsonDepth) return false;
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return true;
+}
+
 McpHttpResponse JsonResponse(int status, const json& body) {
   McpHttpResponse r;
   r.status = status;
@@ -303,6 +330,11 @@ McpHttpResponse McpServer::Post(const McpHttpRequest& req, const std::string& te
     return JsonResponse(415, McpError(nullptr, kInvalidRequest,
                                       "Content-Type must be application/json"));
   }
+  if (!JsonDepthOk(req.body)) {
+    return JsonResponse(400, McpError(nullptr, kInvalidRequest,
+                                      absl::StrCat("Invalid Request: JSON nested deeper than ",
+                                                   kMaxJsonDepth, " levels")));
+  }
   json msg = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (msg.is_discarded()) {
     return JsonResponse(400, McpError(nullptr, kParseError, "Parse error: body is not JSON"));
@@ -553,7 +585,18 @@ McpHttpResponse McpServer::Streamed(const json& msg, Dispatch d,
   if (!sid.empty()) r.headers.push_back({"Mcp-Session-Id", sid});
   const absl::Duration keepalive = options_.keepalive_interval;
   const absl::Duration liveness = options_.liveness_interval;
-  r.stream = [this, msg, d, flag, on_done, keepalive, liveness](McpEventSink* sink) mutable {
+  // on_done runs once: after the stream, or when the response is dropped
+  // unsent (the client went away before the stream started).
+  struct Once {
+    std::function<void()> f;
+    void Run() {
+      if (f) std::exchange(f, nullptr)();
+    }
+    ~Once() { Run(); }
+  };
+  auto once = std::make_shared<Once>();
+  once->f = std::move(on_done);
+  r.stream = [this, msg, d, flag, once, keepalive, liveness](McpEventSink* sink) mutable {
     absl::Mutex mu;
     bool dead = false;
     auto write = [&](const std::string& bytes) {
@@ -586,7 +629,7 @@ McpHttpResponse McpServer::Streamed(const json& msg, Dispatch d,
     watcher.join();
     // A cancelled request gets no response (the client stopped waiting).
     if (!resp.is_null() && !flag->load()) write(SseFrame(resp));
-    if (on_done) on_done();
+    once->Run();
   };
   return r;
 }
@@ -782,6 +825,9 @@ void McpStdio::Send(const json& msg) {
 
 void McpStdio::HandleLine(const std::string& line) {
   if (absl::StripAsciiWhitespace(line).empty()) return;
+  if (!JsonDepthOk(line)) {
+    return Send(McpError(nullptr, kInvalidRequest, "Invalid Request: JSON nested too deeply"));
+  }
   json msg = json::parse(line, nullptr, false);
   if (msg.is_discarded()) return Send(McpError(nullptr, kParseError, "Parse error"));
   if (!msg.is_object()) return Send(McpError(nullptr, kInvalidRequest, "Invalid Request"));

@@ -190,6 +190,13 @@ TEST_F(McpServerTest, MalformedBodies) {
   resp = server_->HandleRequest(r);
   EXPECT_EQ(resp.status, 400);
   EXPECT_EQ(json::parse(resp.body)["error"]["code"], -32600);
+  // Deep nesting is refused before parsing (re-serializing would recurse).
+  r.body = R"({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"sandbox_fake_run",)"
+           R"("arguments":{"code":"x","deep":)" +
+           std::string(1000, '[') + std::string(1000, ']') + "}}}";
+  resp = server_->HandleRequest(r);
+  EXPECT_EQ(resp.status, 400);
+  EXPECT_EQ(json::parse(resp.body)["error"]["code"], -32600);
   r.headers["content-type"] = "text/plain";
   EXPECT_EQ(server_->HandleRequest(r).status, 415);
 }
