@@ -378,6 +378,21 @@ TEST_F(McpServerTest, IdleLegacySessionExpiresWithItsBrokerSession) {
   EXPECT_EQ(BrokerSessions("alpha"), 0);
 }
 
+TEST_F(McpServerTest, UnsentStreamReleasesItsSession) {
+  const std::string sid = Initialize();
+  {
+    McpHttpResponse r = server_->HandleRequest(LegacyPost(
+        sid, {{"jsonrpc", "2.0"},
+              {"id", 3},
+              {"method", "tools/call"},
+              {"params", {{"name", "sandbox_fake_shell"}, {"arguments", {{"command", "ls"}}}}}}));
+    ASSERT_TRUE(r.stream);
+  }  // dropped: the client went away before the stream started
+  clock_.Advance(absl::Minutes(6));
+  server_->ExpireSessions();
+  EXPECT_EQ(server_->session_count(), 0u);
+}
+
 TEST_F(McpServerTest, StatelessDefaultSessionIsTheTenantsMcpSession) {
   McpHttpRequest w = ModernPost("tools/call", {{"name", "sandbox_fake_write_file"},
                                                {"arguments", {{"path", "f"}, {"contents", "A"}}}});
