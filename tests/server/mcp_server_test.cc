@@ -600,5 +600,27 @@ TEST_F(McpStreamTest, StdioBothEras) {
   EXPECT_EQ(json::parse(out[5])["result"]["structuredContent"]["output"], "hi");
 }
 
+TEST(McpConfigTest, ParsesTheMcpKeys) {
+  auto c = ParseConfig(R"({"mcp": {"listen": "127.0.0.1:0", "path": "/x",
+      "allowed_origins": ["https://app.example"], "allowed_hosts": ["broker.internal"],
+      "max_body_bytes": 2048, "keepalive_seconds": 3}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->mcp.listen, "127.0.0.1:0");
+  EXPECT_EQ(c->mcp.path, "/x");
+  EXPECT_EQ(c->mcp.allowed_origins, std::vector<std::string>{"https://app.example"});
+  EXPECT_EQ(c->mcp.allowed_hosts, std::vector<std::string>{"broker.internal"});
+  EXPECT_EQ(c->mcp.max_body_bytes, 2048);
+  EXPECT_EQ(c->mcp.keepalive_seconds, 3);
+  auto off = ParseConfig("{}");
+  ASSERT_TRUE(off.ok());
+  EXPECT_TRUE(off->mcp.listen.empty());
+  for (const char* bad : {R"({"mcp": {"bogus": 1}})", R"({"mcp": {"path": "mcp"}})",
+                          R"({"mcp": {"max_body_bytes": 10}})", R"({"mcp": []})"}) {
+    auto r = ParseConfig(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "mcp")) << r.status();
+  }
+}
+
 }  // namespace
 }  // namespace sandbox
