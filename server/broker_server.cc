@@ -101,7 +101,8 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
     mo.max_sessions = static_cast<size_t>(config.mcp.max_sessions);
     mo.session_idle_timeout = absl::Seconds(config.idle_timeout_seconds);
     mo.keepalive_interval = absl::Seconds(config.mcp.keepalive_seconds);
-    s->mcp_backend_ = std::make_unique<McpCoreBackend>(s->core_.get(), s->auth_.get());
+    s->mcp_backend_ = std::make_unique<McpCoreBackend>(s->core_.get(), s->auth_.get(),
+                                                       s->clock_, s->metrics_.get());
     s->mcp_ = std::make_unique<McpServer>(s->mcp_backend_.get(), s->clock_, mo);
     ASSIGN_OR_RETURN(s->mcp_http_, McpHttpListener::Start(s->mcp_.get(), config));
   }

@@ -3,6 +3,7 @@
 #include "server/auth.h"
 #include "server/broker_core.h"
 #include "server/mcp_backend.h"
+#include "server/metrics.h"
 
 namespace sandbox {
 
@@ -12,7 +13,11 @@ namespace sandbox {
 // Thread-safe.
 class McpCoreBackend final : public McpBackend {
  public:
-  McpCoreBackend(BrokerCore* core, const Authenticator* auth) : core_(core), auth_(auth) {}
+  // `metrics` may be null. Tool calls are logged ("mcp.call") and counted
+  // (method "mcp.tools/call") as the gRPC service does for RPCs.
+  McpCoreBackend(BrokerCore* core, const Authenticator* auth, Clock* clock = Clock::Real(),
+                 Metrics* metrics = nullptr)
+      : core_(core), auth_(auth), clock_(clock), metrics_(metrics) {}
 
   absl::StatusOr<std::string> Authenticate(const std::string* authorization) override;
   absl::StatusOr<std::vector<pb::Tool>> ListTools(const std::string& tenant) override;
@@ -23,6 +28,8 @@ class McpCoreBackend final : public McpBackend {
  private:
   BrokerCore* const core_;
   const Authenticator* const auth_;
+  Clock* const clock_;
+  Metrics* const metrics_;
 };
 
 }  // namespace sandbox
