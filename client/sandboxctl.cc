@@ -17,9 +17,12 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"
+#include "client/mcp_grpc_backend.h"
 #include "client/remote_admin.h"
 #include "client/remote_sandbox.h"
 #include "google/protobuf/util/json_util.h"
+#include "grpcpp/channel.h"
+#include "server/mcp_server.h"
 
 namespace {
 
@@ -45,6 +48,8 @@ commands:
   tools                 list LLM tool definitions (see --dialect, --provider)
   call-tool NAME JSON|- execute a tool call; prints its content (exit 1 if is_error)
   health [SERVICE]      grpc.health.v1 check (no token); exit 0 only when SERVING
+  mcp                   serve MCP over stdio (both 2025-11-25 and 2026-07-28), forwarding
+                        tool calls to the broker (see README "MCP")
 
 admin commands (the Admin API; --admin-token or $SANDBOX_BROKER_ADMIN_TOKEN):
   admin sessions        every tenant's sessions (filters: --tenant, --provider,
@@ -255,6 +260,24 @@ int AdminMain(const std::shared_ptr<grpc::Channel>& channel, const AdminFlags& f
   return Usage("unknown admin command " + sub);
 }
 
+// MCP over stdio: one JSON-RPC message per line on stdin/stdout; logs and
+// errors go to stderr only.
+int ServeMcp(const std::string& addr, const std::string& token,
+             const sandbox::RemoteSandbox::Tls& tls) {
+  sandbox::McpGrpcBackend backend(
+      sandbox::pb::SandboxBroker::NewStub(sandbox::RemoteSandbox::MakeChannel(addr, tls)), token);
+  sandbox::McpServer server(&backend, sandbox::Clock::Real(), {});
+  sandbox::McpStdio stdio(&server, "", [](const std::string& line) {
+    fwrite(line.data(), 1, line.size(), stdout);
+    fputc('\n', stdout);
+    fflush(stdout);
+  });
+  std::string line;
+  while (std::getline(std::cin, line)) stdio.HandleLine(line);
+  stdio.Finish();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -375,6 +398,10 @@ int main(int argc, char** argv) {
   if (cmd == "admin") {
     admin.provider = provider;
     return AdminMain(sandbox::RemoteSandbox::MakeChannel(addr, tls), admin, args);
+  }
+  if (cmd == "mcp") {
+    if (args.size() != 1) return Usage("mcp takes no arguments");
+    return ServeMcp(addr, token, tls);
   }
   sandbox::pb::SessionSpec spec;
   spec.set_provider(provider);

@@ -32,7 +32,7 @@ fi
 # npm packages (lockfiles committed), for the example clients and the
 # conformance tests.
 root=$(cd "$(dirname "$0")/.." && pwd)
-for dir in examples/node tests/conformance/e2b tests/conformance/daytona; do
+for dir in examples/node tests/conformance/e2b tests/conformance/daytona tests/mcp; do
   if [ -f "$root/$dir/package-lock.json" ] && [ ! -d "$root/$dir/node_modules" ]; then
     echo "install-deps: npm ci in $dir" >&2
     (cd "$root/$dir" && npm ci --no-audit --no-fund --loglevel=error)
@@ -41,3 +41,5 @@ done
 
 # The official SDKs need a newer node than a fresh Debian's.
 bash "$root/scripts/node-for-sdks.sh" --install >/dev/null
+# The MCP conformance tool needs Node >= 22 (fs.globSync).
+NODE_MIN_MAJOR=22 bash "$root/scripts/node-for-sdks.sh" --install >/dev/null

@@ -2,11 +2,13 @@
 # Prints a node binary new enough for the official provider SDKs (e2b needs
 # Node >= 20.18.1). The machine's node if it is, else one installed from the
 # npm registry's `node` package into .tools/node (by install-deps.sh).
+# NODE_MIN_MAJOR=22 asks for Node >= 22 (the MCP conformance tool).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-ok() {  # node binary -> exit 0 if >= 20.18.1
+min_major=${NODE_MIN_MAJOR:-20}
+ok() {  # node binary -> exit 0 if >= 20.18.1 and >= $min_major
   "$1" -e 'const [a,b,c]=process.versions.node.split(".").map(Number);
-           process.exit(a>20||(a===20&&(b>18||(b===18&&c>=1)))?0:1)' 2>/dev/null
+           process.exit(a>='"$min_major"'&&(a>20||(a===20&&(b>18||(b===18&&c>=1))))?0:1)' 2>/dev/null
 }
 if command -v node >/dev/null 2>&1 && ok "$(command -v node)"; then
   command -v node

@@ -473,6 +473,12 @@ absl::StatusOr<pb::ListToolsResponse> BrokerCore::ListTools(const CallContext& c
 
 absl::StatusOr<pb::CallToolResponse> BrokerCore::CallTool(const CallContext& ctx,
                                                           const pb::CallToolRequest& req) {
+  return CallTool(ctx, req, CallToolExtras{});
+}
+
+absl::StatusOr<pb::CallToolResponse> BrokerCore::CallTool(const CallContext& ctx,
+                                                          const pb::CallToolRequest& req,
+                                                          const CallToolExtras& extras) {
   // The platform's mistakes are RPC errors; the model's are tool errors.
   ASSIGN_OR_RETURN(Admission adm, Admit(ctx));
   // The nested call reads the same snapshot.
@@ -482,10 +488,7 @@ absl::StatusOr<pb::CallToolResponse> BrokerCore::CallTool(const CallContext& ctx
   pb::CallToolResponse resp;
   auto tool_error = [&resp](const absl::Status& s) {
     resp.set_is_error(true);
-    resp.set_content(
-        s.code() == absl::StatusCode::kInvalidArgument
-            ? absl::StrCat("error: ", s.message())
-            : absl::StrCat("error: ", absl::StatusCodeToString(s.code()), ": ", s.message()));
+    resp.set_content(ToolErrorText(s));
     return resp;
   };
   absl::StatusOr<ToolName> name = ParseToolName(req.name());
@@ -509,8 +512,14 @@ absl::StatusOr<pb::CallToolResponse> BrokerCore::CallTool(const CallContext& ctx
       run.set_language(name->op == ToolOp::kShell ? pb::LANGUAGE_SHELL : args->language);
       run.set_timeout_seconds(args->timeout_seconds);
       *run.mutable_spec() = spec;
-      absl::StatusOr<pb::RunResult> r = Run(inner, run);
+      absl::StatusOr<pb::RunResult> r =
+          extras.on_output == nullptr
+              ? Run(inner, run)
+              : Exec(inner, run.session_id(), run.spec(),
+                     ToLanguage(run.language()).value_or(Language::kPython), true, run.code(),
+                     run.timeout_seconds(), run.env(), extras.on_output);
       if (!r.ok()) return tool_error(r.status());
+      if (extras.run) *extras.run = *r;
       resp.set_content(FormatRunResult(*r));
       return resp;
     }
@@ -534,6 +543,7 @@ absl::StatusOr<pb::CallToolResponse> BrokerCore::CallTool(const CallContext& ctx
       *rd.mutable_spec() = spec;
       absl::StatusOr<pb::ReadFileResponse> r = ReadFile(inner, rd);
       if (!r.ok()) return tool_error(r.status());
+      if (extras.found) *extras.found = r->found();
       resp.set_content(r->found() ? r->contents() : kFileNotFound);
       return resp;
     }

@@ -30,6 +30,17 @@ struct CallContext {
   std::shared_ptr<const OperatorSnapshot> snapshot;
 };
 
+// What CallTool can also report, for transports that show more than the
+// tool's text (MCP: structured results, output as it is produced).
+struct CallToolExtras {
+  // run/shell: each output chunk as it is produced (on the calling thread).
+  std::function<void(OutputStream, absl::string_view)> on_output;
+  // Set when a run/shell ran to a result.
+  pb::RunResult* run = nullptr;
+  // Set by read_file: whether the file existed.
+  bool* found = nullptr;
+};
+
 // The broker's API without a transport: validates requests, maps them to
 // sessions and provider calls, and builds responses. The gRPC service is a
 // thin shell over this, so tests can drive it directly.
@@ -66,6 +77,9 @@ class BrokerCore {
                                                   const pb::ListToolsRequest& req);
   absl::StatusOr<pb::CallToolResponse> CallTool(const CallContext& ctx,
                                                 const pb::CallToolRequest& req);
+  absl::StatusOr<pb::CallToolResponse> CallTool(const CallContext& ctx,
+                                                const pb::CallToolRequest& req,
+                                                const CallToolExtras& extras);
 
   // Operators' control (server/policy.h, usage.h, audit.h). Set before
   // serving; each may be null (then: no tenant policy / metering / audit).

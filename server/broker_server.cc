@@ -127,6 +127,20 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
   }
   s->port_ = port;
   s->host_ = config.listen.substr(0, config.listen.rfind(':'));
+  if (!config.mcp.listen.empty()) {
+    McpServerOptions mo;
+    mo.allowed_origins = config.mcp.allowed_origins;
+    mo.allowed_hosts = config.mcp.allowed_hosts;
+    mo.loopback_hosts_only = IsLoopbackListen(config.mcp.listen);
+    mo.max_body_bytes = static_cast<size_t>(config.mcp.max_body_bytes);
+    mo.max_sessions = static_cast<size_t>(config.mcp.max_sessions);
+    mo.session_idle_timeout = absl::Seconds(config.idle_timeout_seconds);
+    mo.keepalive_interval = absl::Seconds(config.mcp.keepalive_seconds);
+    s->mcp_backend_ = std::make_unique<McpCoreBackend>(s->core_.get(), s->auth_.get(),
+                                                       s->clock_, s->metrics_.get());
+    s->mcp_ = std::make_unique<McpServer>(s->mcp_backend_.get(), s->clock_, mo);
+    ASSIGN_OR_RETURN(s->mcp_http_, McpHttpListener::Start(s->mcp_.get(), config));
+  }
   s->SetHealth(true);
   if (options.reaper_thread) {
     BrokerServer* self = s.get();
@@ -184,6 +198,8 @@ void BrokerServer::Drain() {
     Log(LogLevel::kWarning, "broker.drain_grace_expired",
         {{"calls_in_flight", service_->calls_in_flight()}});
   }
+  // MCP calls are not held for the grace: they are cancelled (runs killed).
+  if (mcp_) mcp_->CancelAll();
   if (config_.drain_close_sandboxes) {
     sessions_->CloseAll();
   } else {
@@ -205,6 +221,11 @@ void BrokerServer::Shutdown(absl::Duration grace) {
   if (reaper_.joinable()) reaper_.join();
   // Calls still running at the deadline are cancelled; their runs see it.
   server_->Shutdown(absl::ToChronoTime(Clock::Real()->Now() + grace));
+  if (mcp_http_) {
+    mcp_->CancelAll();
+    mcp_http_->Stop();
+    mcp_->CloseAllSessions();
+  }
   if (config_.drain_close_sandboxes) sessions_->CloseAll();
   Log(LogLevel::kInfo, "broker.stopped", {});
 }

@@ -15,6 +15,9 @@
 #include "server/broker_core.h"
 #include "server/config.h"
 #include "server/grpc_service.h"
+#include "server/mcp_core_backend.h"
+#include "server/mcp_http.h"
+#include "server/mcp_server.h"
 #include "server/metrics.h"
 #include "server/policy.h"
 #include "server/reload.h"
@@ -55,6 +58,8 @@ class BrokerServer {
   int port() const { return port_; }
   // The /metrics port, or 0 without admin_listen.
   int admin_port() const { return admin_port_; }
+  // The MCP endpoint's port, or 0 without mcp.listen.
+  int mcp_port() const { return mcp_http_ ? mcp_http_->port() : 0; }
   Metrics* metrics() { return metrics_.get(); }
 
   // Graceful drain (SIGTERM): health goes NOT_SERVING and new calls get
@@ -99,6 +104,9 @@ class BrokerServer {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<McpCoreBackend> mcp_backend_;
+  std::unique_ptr<McpServer> mcp_;
+  std::unique_ptr<McpHttpListener> mcp_http_;
   int port_ = 0;
   int admin_port_ = 0;
   std::string host_;

@@ -119,6 +119,21 @@ absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text) {
       RETURN_IF_ERROR(AddTokens(file_tokens, "auth.tokens_file", &c.tokens));
     }
   }
+  {
+    ConfigReader m(r.Object("mcp"), "mcp");
+    c.mcp.listen = m.String("listen", "");
+    c.mcp.path = m.String("path", c.mcp.path, false);
+    c.mcp.allowed_origins = m.StringList("allowed_origins");
+    c.mcp.allowed_hosts = m.StringList("allowed_hosts");
+    c.mcp.max_body_bytes = m.Int("max_body_bytes", c.mcp.max_body_bytes, 1024, int64_t{1} << 30);
+    c.mcp.max_sessions = m.Int("max_sessions", c.mcp.max_sessions, 1, 10000000);
+    c.mcp.keepalive_seconds = m.Int("keepalive_seconds", c.mcp.keepalive_seconds, 1, 3600);
+    c.mcp.max_threads = m.Int("max_threads", c.mcp.max_threads, 2, 10000);
+    RETURN_IF_ERROR(m.Finish());
+    if (c.mcp.path.empty() || c.mcp.path[0] != '/') {
+      return absl::InvalidArgumentError("mcp.path: must start with /");
+    }
+  }
   const nlohmann::json& providers = r.Object("providers");
   const nlohmann::json& tenant_defaults = r.Object("tenant_defaults");
   const nlohmann::json& tenants = r.Object("tenants");

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -46,6 +47,17 @@ struct BrokerConfig {
   std::string log_level = "info";   // debug | info | warning | error
   // Bearer token -> tenant. Empty: one tenant, "default", no auth.
   std::map<std::string, std::string> tokens;
+  // The MCP endpoint (README "MCP"); off when mcp.listen is empty.
+  struct Mcp {
+    std::string listen;          // host:port (port 0 picks one)
+    std::string path = "/mcp";
+    std::vector<std::string> allowed_origins;  // besides loopback origins
+    std::vector<std::string> allowed_hosts;    // Host names accepted (empty: see README)
+    int64_t max_body_bytes = int64_t{4} << 20;
+    int64_t max_sessions = 10000;              // legacy MCP sessions, all tenants
+    int64_t keepalive_seconds = 15;            // SSE comment interval on long calls
+    int64_t max_threads = 64;                  // HTTP worker threads
+  } mcp;
   // providers.<name>: each provider reads its own object.
   nlohmann::json providers = nlohmann::json::object();
   // Operators' control (README "Operators' control").

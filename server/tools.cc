@@ -274,4 +274,10 @@ std::string FormatRunResult(const pb::RunResult& r) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+std::string ToolErrorText(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kInvalidArgument
+             ? absl::StrCat("error: ", s.message())
+             : absl::StrCat("error: ", absl::StatusCodeToString(s.code()), ": ", s.message());
+}
+
 }  // namespace sandbox

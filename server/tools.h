@@ -55,6 +55,10 @@ absl::StatusOr<ToolArgs> ParseToolArgs(ToolOp op, absl::string_view arguments_js
 // "truncated": true only when so.
 std::string FormatRunResult(const pb::RunResult& r);
 
+// A failed tool call as the model sees it: "error: <message>" for bad
+// arguments, else "error: <CODE>: <message>".
+std::string ToolErrorText(const absl::Status& s);
+
 // What read_file returns for a missing file.
 inline constexpr char kFileNotFound[] = "[file not found]";
 

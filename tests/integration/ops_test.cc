@@ -14,6 +14,7 @@
 #include "grpcpp/impl/codegen/client_unary_call.h"
 #include "grpcpp/impl/codegen/sync_stream.h"
 #include "tests/testing/broker_fixture.h"
+#include "tests/testing/test_cert.h"
 
 namespace sandbox {
 namespace {
@@ -126,30 +127,6 @@ TEST_F(OpsTest, DrainFinishesRunningCallsRefusesNewOnesAndClosesSandboxes) {
   EXPECT_EQ(out, "finished\n");
   drain.join();
   EXPECT_EQ(CountDirs(WorkspaceRoot()), 0);  // every sandbox closed
-}
-
-// A self-signed certificate for 127.0.0.1 (also its own CA).
-struct Cert {
-  std::string cert, key, cert_file, key_file;
-};
-Cert MakeCert(const std::string& dir) {
-  Cert c;
-  c.cert_file = dir + "/cert.pem";
-  c.key_file = dir + "/key.pem";
-  const std::string cmd = absl::StrCat(
-      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
-      "-addext subjectAltName=IP:127.0.0.1,DNS:localhost -keyout ",
-      c.key_file, " -out ", c.cert_file, " 2>/dev/null");
-  EXPECT_EQ(system(cmd.c_str()), 0);
-  auto slurp = [](const std::string& p) {
-    std::ifstream in(p);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  };
-  c.cert = slurp(c.cert_file);
-  c.key = slurp(c.key_file);
-  return c;
 }
 
 TEST_F(OpsTest, TlsWithAndWithoutClientCertificates) {
