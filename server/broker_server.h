@@ -13,6 +13,7 @@
 #include "server/broker_core.h"
 #include "server/config.h"
 #include "server/grpc_service.h"
+#include "server/health_monitor.h"
 #include "server/metrics.h"
 #include "server/session_manager.h"
 
@@ -30,6 +31,9 @@ class BrokerServer {
     // Run the reaper on its own thread every reap_interval_seconds. Tests
     // turn it off and call sessions()->RunOnce().
     bool reaper_thread = true;
+    // Probe each provider on its own thread every health_probe_interval_seconds
+    // (and once at start). Tests turn it off and call ProbeProviders().
+    bool health_thread = true;
   };
 
   static absl::StatusOr<std::unique_ptr<BrokerServer>> Start(
@@ -48,6 +52,9 @@ class BrokerServer {
   void Drain();
   std::string address() const;
   SessionManager* sessions() { return sessions_.get(); }
+  HealthMonitor* health() { return health_.get(); }
+  // Probes the providers that are due and publishes the health statuses.
+  void ProbeProviders();
 
   // Stops accepting calls, waits up to `grace` for running ones, then closes
   // every session. Idempotent.
@@ -58,6 +65,8 @@ class BrokerServer {
  private:
   BrokerServer() = default;
   void SetHealth(bool serving);
+  // Sets every health service from serving_ and the providers' probes.
+  void PublishHealth();
 
   BrokerConfig config_;
   Clock* clock_ = nullptr;
@@ -74,6 +83,11 @@ class BrokerServer {
   std::string host_;
   absl::Notification stop_reaper_;
   std::thread reaper_;
+  std::unique_ptr<HealthMonitor> health_;
+  absl::Notification stop_health_;
+  std::thread health_thread_;
+  absl::Mutex health_mu_;
+  bool serving_ ABSL_GUARDED_BY(health_mu_) = false;
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
 };

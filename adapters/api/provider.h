@@ -129,6 +129,10 @@ class Provider {
   // (unreachable; retryable), INVALID_ARGUMENT (bad template/spec). A failed
   // create leaves nothing behind. Not idempotent.
   virtual absl::StatusOr<std::unique_ptr<Sandbox>> Create(const SandboxSpec& spec) = 0;
+  // Whether the provider can run code now, for the periodic health probe:
+  // the local provider runs a probe sandbox, remote ones call their API.
+  // The error says why not. Must not create anything that outlives it.
+  virtual absl::Status CheckHealth() { return absl::OkStatus(); }
 };
 
 }  // namespace sandbox

@@ -376,10 +376,17 @@ std::vector<std::string> LocalProvider::WrapCommand(const std::string& workspace
 
 absl::Status LocalProvider::Probe() {
   if (config_.isolation == "none") {
-    Log(LogLevel::kWarning, "local.isolation_none",
-        {{"message",
-          "providers.local.isolation is \"none\": sandboxed code runs WITHOUT "
-          "isolation, with the broker's view of the machine; development only"}});
+    // No namespaces to check: only that a process can be started.
+    ProcessSpec p;
+    p.argv = {"/bin/sh", "-c", "exit 0"};
+    p.env = {"PATH=/usr/bin:/bin"};
+    p.timeout = absl::Seconds(30);
+    auto r = RunProcess(p);
+    if (!r.ok()) return absl::UnavailableError(absl::StrCat("local: ", r.status().message()));
+    if (r->exit_code != 0) {
+      return absl::UnavailableError(
+          absl::StrCat("local: probe exited with ", r->exit_code, ": ", r->output));
+    }
     return absl::OkStatus();
   }
   if (access(config_.bwrap_path.c_str(), X_OK) != 0) {
@@ -438,6 +445,12 @@ absl::StatusOr<std::unique_ptr<LocalProvider>> LocalProvider::Create(LocalConfig
     std::ofstream(etc + "/group") << "root:x:0:\n" << u << ":x:1000:\nnogroup:x:65534:\n";
     chmod((etc + "/passwd").c_str(), 0644);
     chmod((etc + "/group").c_str(), 0644);
+  }
+  if (config.isolation == "none") {
+    Log(LogLevel::kWarning, "local.isolation_none",
+        {{"message",
+          "providers.local.isolation is \"none\": sandboxed code runs WITHOUT "
+          "isolation, with the broker's view of the machine; development only"}});
   }
   std::unique_ptr<LocalProvider> p(new LocalProvider(std::move(config), std::move(uids)));
   RETURN_IF_ERROR(p->Probe());

@@ -62,6 +62,8 @@ class LocalProvider final : public Provider {
 
   absl::string_view name() const override { return "local"; }
   absl::StatusOr<std::unique_ptr<Sandbox>> Create(const SandboxSpec& spec) override;
+  // Runs one probe sandbox (fork, namespaces, a shell), as at startup.
+  absl::Status CheckHealth() override { return Probe(); }
 
   // Arguments that wrap `command` in the sandbox (bwrap options included);
   // exposed for benchmarks that run the same invocation without the broker.
