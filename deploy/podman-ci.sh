@@ -1,0 +1,298 @@
+#!/usr/bin/env bash
+# CI's container job: the image and the Kubernetes manifests, proven with a
+# real engine (Debian's podman + runc), offline but for the Debian mirror.
+#
+#   1. base images: debootstrap bookworm (minbase) from the mirror apt uses
+#      here, imported as debian:bookworm and debian:bookworm-slim, the names
+#      the Dockerfile's FROM lines use (so the Dockerfile stays valid for
+#      docker with a registry, and `podman build --pull=never` works here).
+#      The rootfs tarballs are cached in $CACHE and reused when present.
+#   2. podman build of the Dockerfile.
+#   3. the README's podman run line; wait for the image's HEALTHCHECK to pass;
+#      drive it with sandboxctl from the host (python, node, shell, files, a
+#      timeout); 3,000 short runs, none may fail, no zombie may be left (ps
+#      inside); SIGTERM: exit 0 within the drain grace.
+#   4. podman kube play of deploy/kubernetes (ConfigMap, Secret, Deployment)
+#      and the same smoke checks against it.
+#
+# usage: deploy/podman-ci.sh [SANDBOXCTL]   (default: build/sandboxctl)
+# env:   SANDBOX_BROKER_IMAGE_CACHE (default ~/.cache/sandbox-broker)
+#        PODMAN_CI_RUNS (default 3000)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+T0=$(date +%s)
+say() { echo "podman-ci: [$(($(date +%s) - T0))s] $*"; }
+fail() {
+  echo "podman-ci: FAIL: $*" >&2
+  exit 1
+}
+
+SANDBOXCTL=${1:-$ROOT/build/sandboxctl}
+[ -x "$SANDBOXCTL" ] || fail "no sandboxctl at $SANDBOXCTL (build it first)"
+CACHE=${SANDBOX_BROKER_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sandbox-broker}
+RUNS=${PODMAN_CI_RUNS:-3000}
+IMAGE=sandbox-broker:0.1.0
+CTR=sbci-broker-$$
+WORK=$(mktemp -d /tmp/sbci-XXXXXX)
+KUBE_FILE=$WORK/kube.yaml
+cleanup() {
+  podman rm -f -t 0 "$CTR" >/dev/null 2>&1 || true
+  [ -f "$KUBE_FILE" ] && podman kube down "$KUBE_FILE" >/dev/null 2>&1 || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# ---- 1. base images ---------------------------------------------------------
+
+# The Debian archive apt uses here (deb822 .sources or one-line .list), for
+# the suite `bookworm`; then the matching security archive, if any.
+apt_uri() {  # $1: suite
+  local suite=$1 f
+  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
+    [ -r "$f" ] || continue
+    case "$f" in
+      *.sources)
+        awk -v want="$suite" '
+          function flush() { if (uris != "" && index(" " suites " ", " " want " ")) { split(uris, u, " "); print u[1]; exit } uris = ""; suites = "" }
+          /^[ \t]*$/ { flush(); next }
+          /^URIs:/ { sub(/^URIs:[ \t]*/, ""); uris = $0 }
+          /^Suites:/ { sub(/^Suites:[ \t]*/, ""); suites = $0 }
+          END { flush() }' "$f"
+        ;;
+      *)
+        awk -v want="$suite" '$1 == "deb" { i = 2; if ($2 ~ /^\[/) { while ($i !~ /\]$/) i++; i++ } if ($(i + 1) == want) { print $i; exit } }' "$f"
+        ;;
+    esac
+  done | head -n1
+}
+
+ensure_base_images() {
+  local full=$CACHE/debian-bookworm-minbase.tar slim=$CACHE/debian-bookworm-slim-minbase.tar
+  if [ ! -s "$full" ] || [ ! -s "$slim" ]; then
+    local mirror security rootfs t
+    mirror=$(apt_uri bookworm)
+    security=$(apt_uri bookworm-security)
+    [ -n "$mirror" ] || fail "no Debian mirror for bookworm in /etc/apt/sources.list*"
+    command -v debootstrap >/dev/null || fail "debootstrap is not installed"
+    say "debootstrap bookworm (minbase) from $mirror into the cache $CACHE"
+    mkdir -p "$CACHE"
+    rootfs=$WORK/rootfs
+    t=$(date +%s)
+    debootstrap --variant=minbase bookworm "$rootfs" "$mirror" >"$WORK/debootstrap.log" 2>&1 ||
+      { tail -n 30 "$WORK/debootstrap.log"; fail "debootstrap failed"; }
+    {
+      echo "deb $mirror bookworm main"
+      echo "deb $mirror bookworm-updates main"
+      [ -z "$security" ] || echo "deb $security bookworm-security main"
+    } >"$rootfs/etc/apt/sources.list"
+    # What Docker's debian images do: no downloaded .debs, no lists.
+    rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/log/*.log
+    tar -C "$rootfs" -cf "$full.tmp" . && mv "$full.tmp" "$full"
+    # -slim: docs, man pages and locales are neither kept nor installed.
+    cat >"$rootfs/etc/dpkg/dpkg.cfg.d/docker-slim" <<'EOF'
+path-exclude /usr/share/doc/*
+path-include /usr/share/doc/*/copyright
+path-exclude /usr/share/man/*
+path-exclude /usr/share/groff/*
+path-exclude /usr/share/info/*
+path-exclude /usr/share/lintian/*
+path-exclude /usr/share/linda/*
+path-exclude /usr/share/locale/*
+path-include /usr/share/locale/locale.alias
+EOF
+    find "$rootfs/usr/share/doc" -mindepth 1 -not -name copyright -not -type d -delete
+    rm -rf "$rootfs"/usr/share/{man,groff,info,lintian,linda}/* \
+      "$(find "$rootfs/usr/share/locale" -mindepth 1 -maxdepth 1 -not -name locale.alias)"
+    tar -C "$rootfs" -cf "$slim.tmp" . && mv "$slim.tmp" "$slim"
+    rm -rf "$rootfs"
+    say "debootstrap + tarballs: $(($(date +%s) - t)) s"
+    podman rmi -f docker.io/library/debian:bookworm docker.io/library/debian:bookworm-slim \
+      >/dev/null 2>&1 || true
+  else
+    say "reusing the cached base rootfs tarballs in $CACHE"
+  fi
+  local name tar
+  for name in bookworm bookworm-slim; do
+    tar=$full
+    [ "$name" = bookworm-slim ] && tar=$slim
+    if ! podman image exists "docker.io/library/debian:$name"; then
+      podman import --change 'CMD ["bash"]' "$tar" "docker.io/library/debian:$name" >/dev/null
+      say "imported $tar as debian:$name"
+    fi
+  done
+}
+
+# ---- helpers ------------------------------------------------------------------
+
+# Runtime options this machine needs beyond the documented line, each with
+# its reason.
+TWEAKS=()
+machine_tweaks() {
+  if command -v runc >/dev/null; then
+    TWEAKS+=(--runtime runc)
+    say "tweak: --runtime runc (Debian's podman with the runc package; crun is not installed here)"
+  fi
+  local nofile
+  nofile=$(ulimit -n)
+  if [ "$nofile" != unlimited ] && [ "$nofile" -lt 65536 ]; then
+    TWEAKS+=(--ulimit nofile=65536:65536)
+    say "tweak: --ulimit nofile=65536:65536 (this shell's limit is $nofile; the broker and its sandboxes hold many pipes)"
+  fi
+}
+
+ctl() { "$SANDBOXCTL" --addr "$ADDR" "$@"; }
+
+# The documented checks through one address: python, node, shell, files and
+# a timeout, each compared with what it must print.
+smoke() {
+  local label=$1 out
+  out=$(ctl --session "smoke-$label" run 'import sys; print(sys.version_info[0] * 14)')
+  [ "$out" = 42 ] || fail "$label: python printed '$out'"
+  out=$(ctl --session "smoke-$label-node" --lang node run 'console.log([1, 2, 3].map((x) => x * 2).join(","))')
+  [ "$out" = 2,4,6 ] || fail "$label: node printed '$out'"
+  out=$(ctl --session "smoke-$label" shell 'echo "$((6 * 7)) $(id -u) $(pwd)"')
+  [ "$out" = "42 0 /workspace" ] || [[ "$out" == "42 "*" /workspace" ]] || fail "$label: shell printed '$out'"
+  ctl --session "smoke-$label" write data/hello.txt 'hello from the host' >/dev/null
+  out=$(ctl --session "smoke-$label" read data/hello.txt)
+  [ "$out" = "hello from the host" ] || fail "$label: read back '$out'"
+  out=$(ctl --session "smoke-$label" shell 'cat data/hello.txt | wc -c')
+  [ "$out" = 19 ] || fail "$label: the sandbox saw '$out' bytes"
+  local rc=0
+  ctl --session "smoke-$label" --timeout 2 run 'import time; time.sleep(30)' >/dev/null 2>&1 || rc=$?
+  [ "$rc" = 124 ] || fail "$label: a run past its timeout exited $rc, not 124"
+  out=$(ctl --session "smoke-$label" run 'import socket
+try:
+    socket.create_connection(("1.1.1.1", 53), 2)
+    print("connected")
+except OSError as e:
+    print(e.strerror)')
+  [ "$out" = "Network is unreachable" ] || fail "$label: the sandbox's network: '$out'"
+  ctl --session "smoke-$label" close >/dev/null
+  ctl --session "smoke-$label-node" close >/dev/null
+  say "$label: python, node, shell, write/read, a timeout (124) and no network: ok"
+}
+
+# Zombie processes inside container $1 (ps inside).
+zombies() { podman exec "$1" ps -eo stat=,pid=,ppid=,comm= | awk '$1 ~ /^Z/' || true; }
+
+# N short runs over 4 sessions in parallel; none may fail.
+many_runs() {
+  local label=$1 n=$2 t
+  t=$(date +%s.%N)
+  seq 0 $((n - 1)) | xargs -P 4 -I{} sh -c '
+    i={}; out=$("$0" --addr "$1" --session "many-$((i % 4))" shell "echo run-$i") || { echo "run $i: exit $?"; exit 255; }
+    [ "$out" = "run-$i" ] || { echo "run $i printed: $out"; exit 255; }' "$SANDBOXCTL" "$ADDR" ||
+    fail "$label: some of $n runs failed"
+  say "$label: $n runs, none failed ($(python3 -c "import sys; print(round($(date +%s.%N) - $t, 1))") s)"
+}
+
+# No zombie in container $1 (the broker reaps on SIGCHLD, within 1 s).
+no_zombies() {
+  local z i
+  for i in 1 2 3 4 5 6; do
+    z=$(zombies "$1")
+    [ -z "$z" ] && return 0
+    sleep 0.5
+  done
+  fail "$1: zombies left: $z"
+}
+
+wait_healthy() {  # $1: container; runs the image's HEALTHCHECK command
+  local i
+  for i in $(seq 1 60); do
+    if podman healthcheck run "$1" >/dev/null 2>&1; then
+      say "$1: HEALTHCHECK ($(podman exec "$1" /opt/sandbox-broker/bin/sandboxctl --addr 127.0.0.1:50051 health)) after ${i}x0.5 s"
+      return 0
+    fi
+    sleep 0.5
+  done
+  podman logs "$1" | tail -n 30
+  fail "$1: HEALTHCHECK did not pass within 30 s"
+}
+
+# ---- 2. the image -----------------------------------------------------------------
+
+ensure_base_images
+machine_tweaks
+t=$(date +%s)
+say "podman build $IMAGE (build stage: sandbox-brokerd and sandboxctl only, -j2, no tests)"
+podman build --pull=never --format docker -t "$IMAGE" . >"$WORK/build.log" 2>&1 ||
+  { tail -n 40 "$WORK/build.log"; fail "podman build failed"; }
+say "image built in $(($(date +%s) - t)) s; size $(podman image inspect "$IMAGE" --format '{{.Size}}' | awk '{printf "%.0f MB", $1 / 1e6}')"
+uidgid=$(podman run --rm "${TWEAKS[@]}" --entrypoint id "$IMAGE" -u):$(podman run --rm "${TWEAKS[@]}" --entrypoint id "$IMAGE" -g)
+[ "$uidgid" = 10001:10001 ] || fail "the image runs as $uidgid, not 10001:10001"
+debs=$(podman run --rm "${TWEAKS[@]}" --entrypoint sh "$IMAGE" -c 'ls /var/cache/apt/archives/*.deb /var/lib/apt/lists 2>/dev/null | grep -c . || true')
+[ "$debs" = 0 ] || fail "apt caches left in the image ($debs entries)"
+
+# ---- 3. the README's run line -------------------------------------------------------
+
+# The README's podman line, with a name and a free host port; then the
+# machine's tweaks.
+GRPC_PORT=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+ADDR=127.0.0.1:$GRPC_PORT
+say "podman run (README line) on $ADDR"
+podman run -d --name "$CTR" -p "127.0.0.1:$GRPC_PORT:50051" \
+  --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
+  --security-opt unmask=ALL \
+  "${TWEAKS[@]}" "$IMAGE" >/dev/null
+wait_healthy "$CTR"
+podman logs "$CTR" 2>&1 | grep -q '"event":"broker.no_auth"' || fail "no-auth warning not logged"
+smoke run-line
+many_runs run-line "$RUNS"
+no_zombies "$CTR"
+say "run-line: no zombie in the container ($(podman exec "$CTR" ps -e --no-headers | wc -l) processes)"
+grace=$(podman exec "$CTR" sh -c 'grep -o "\"drain_grace_seconds\": *[0-9]*" /etc/sandbox-broker/config.json | grep -o "[0-9]*$"')
+t=$(date +%s.%N)
+podman kill --signal TERM "$CTR" >/dev/null
+rc=$(timeout $((grace + 10)) podman wait "$CTR") || fail "not stopped within the drain grace ($grace s) + 10 s"
+took=$(python3 -c "print(round($(date +%s.%N) - $t, 1))")
+[ "$rc" = 0 ] || { podman logs "$CTR" | tail -n 20; fail "exit status $rc after SIGTERM"; }
+podman logs "$CTR" 2>&1 | grep -q '"event":"broker.exit"' || fail "no broker.exit in the logs"
+say "run-line: SIGTERM -> exit 0 in $took s (drain grace $grace s)"
+podman rm "$CTR" >/dev/null
+
+# ---- 4. podman kube play of deploy/kubernetes --------------------------------------
+
+# ConfigMap + Secret + Deployment (replicas forced to 1: one host port), a
+# token for the Secret, a free host port for the grpc containerPort.
+KPORT=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+TOKEN=sbci-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+/usr/bin/python3 - "$ROOT/deploy/kubernetes" "$KUBE_FILE" "$KPORT" "$TOKEN" <<'EOF'
+import json, sys, yaml
+src, out, port, token = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+docs = []
+for name in ("configmap.yaml", "secret.example.yaml", "deployment.yaml"):
+    with open(f"{src}/{name}") as f:
+        docs.append(yaml.safe_load(f))
+cm, secret, dep = docs
+secret["stringData"]["tokens.json"] = json.dumps({token: "ci-tenant"})
+# kube play takes a Secret's data base64-encoded.
+import base64
+secret["data"] = {k: base64.b64encode(v.encode()).decode() for k, v in secret.pop("stringData").items()}
+dep["spec"]["replicas"] = 1
+for p in dep["spec"]["template"]["spec"]["containers"][0]["ports"]:
+    if p["name"] == "grpc":
+        p["hostPort"] = port
+        p["hostIP"] = "127.0.0.1"
+with open(out, "w") as f:
+    yaml.safe_dump_all([cm, secret, dep], f)
+EOF
+say "podman kube play deploy/kubernetes (ConfigMap, Secret, Deployment) on 127.0.0.1:$KPORT"
+podman kube play "$KUBE_FILE" >"$WORK/kube.log" 2>&1 ||
+  { cat "$WORK/kube.log"; fail "podman kube play failed"; }
+KCTR=$(podman ps --filter label=io.kubernetes.pod.name --format '{{.Names}}' | grep -- '-broker$' | head -n1)
+[ -n "$KCTR" ] || KCTR=$(podman ps --format '{{.Names}}' | grep -- 'sandbox-broker-pod.*-broker$' | head -n1)
+[ -n "$KCTR" ] || { podman ps -a; fail "no broker container after kube play"; }
+ADDR=127.0.0.1:$KPORT
+wait_healthy "$KCTR"
+rc=0
+ctl run 'print(1)' >/dev/null 2>&1 || rc=$?
+[ "$rc" = 69 ] || fail "kube: a call without the Secret's token was not refused (exit $rc)"
+export SANDBOX_BROKER_TOKEN=$TOKEN
+smoke kube
+many_runs kube 300
+no_zombies "$KCTR"
+podman kube down "$KUBE_FILE" >/dev/null
+say "kube: token from the Secret, config from the ConfigMap, smoke checks and 300 runs: ok"
+say "done in $(($(date +%s) - T0)) s"
