@@ -38,7 +38,11 @@ WORK=$(mktemp -d /tmp/sbci-XXXXXX)
 KUBE_FILE=$WORK/kube.yaml
 cleanup() {
   podman rm -f -t 0 "$CTR" >/dev/null 2>&1 || true
-  [ -f "$KUBE_FILE" ] && podman kube down "$KUBE_FILE" >/dev/null 2>&1 || true
+  if [ -f "$KUBE_FILE" ]; then
+    podman kube down "$KUBE_FILE" >/dev/null 2>&1 || true
+    podman volume rm -f sandbox-broker sandbox-broker-secrets workspaces tmp >/dev/null 2>&1 || true
+    podman secret rm sandbox-broker-secrets >/dev/null 2>&1 || true
+  fi
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -132,6 +136,26 @@ machine_tweaks() {
   if command -v runc >/dev/null; then
     TWEAKS+=(--runtime runc)
     say "tweak: --runtime runc (Debian's podman with the runc package; crun is not installed here)"
+  fi
+  # Podman as root asks for large nofile/nproc limits for each container;
+  # where the machine's hard limits are lower, runc cannot set them and no
+  # container starts ("error setting rlimit type 7: operation not
+  # permitted"). Then every container here (run and kube play) gets the
+  # engine's own hard limits, through a containers.conf of this run's.
+  local probe=docker.io/library/debian:bookworm-slim
+  if ! podman run --rm "${TWEAKS[@]}" "$probe" true >"$WORK/probe.log" 2>&1; then
+    grep -q "error setting rlimit" "$WORK/probe.log" || { cat "$WORK/probe.log"; fail "no container starts here"; }
+    local cid conmon nofile nproc
+    cid=$(podman run -d "${TWEAKS[@]}" --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 "$probe" sleep 30)
+    conmon=$(podman inspect "$cid" --format '{{.State.ConmonPid}}')
+    nofile=$(awk '/^Max open files/ {print $5}' "/proc/$conmon/limits")
+    nproc=$(awk '/^Max processes/ {print $4}' "/proc/$conmon/limits")
+    podman rm -f -t 0 "$cid" >/dev/null
+    printf '[containers]\ndefault_ulimits = ["nofile=%s:%s", "nproc=%s:%s"]\n' \
+      "$nofile" "$nofile" "$nproc" "$nproc" >"$WORK/containers.conf"
+    export CONTAINERS_CONF=$WORK/containers.conf
+    podman run --rm "${TWEAKS[@]}" "$probe" true || fail "containers still do not start"
+    say "tweak: ulimits nofile=$nofile nproc=$nproc for every container (podman's defaults exceed this machine's hard limits, so runc could not start any container)"
   fi
   if [ ! -S /run/systemd/private ]; then
     TWEAKS+=(--health-interval disable)
@@ -253,35 +277,101 @@ podman rm "$CTR" >/dev/null
 
 # ---- 4. podman kube play of deploy/kubernetes --------------------------------------
 
-# ConfigMap + Secret + Deployment (replicas forced to 1: one host port), a
-# token for the Secret, a free host port for the grpc containerPort.
+# ConfigMap + Secret + Deployment, with what podman 4.3 (Debian 12) needs
+# to play them: replicas 1 and a hostPort for the grpc port (one pod,
+# reached from the host); the Secret (a random token in it) created with
+# `podman secret create` (this kube play takes Pods, Deployments,
+# ConfigMaps and PVCs only), its values as plain `data`; ConfigMap/Secret volumes with defaultMode 0755
+# (podman applies it to the volume's directory too, which a non-root
+# container could not enter otherwise); the seccomp annotation (podman
+# does not read seccompProfile); procMount: Unmasked applied by a runc
+# wrapper exactly as a kubelet applies it (no masked or read-only /proc
+# paths; podman ignores the field); --userns host when /etc/subuid has
+# no range for podman's "containers" user (hostUsers: false needs one).
 KPORT=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 TOKEN=sbci-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
-/usr/bin/python3 - "$ROOT/deploy/kubernetes" "$KUBE_FILE" "$KPORT" "$TOKEN" <<'EOF'
+SECRET_FILE=$WORK/secret.yaml
+/usr/bin/python3 - "$ROOT/deploy/kubernetes" "$KUBE_FILE" "$SECRET_FILE" "$KPORT" "$TOKEN" <<'EOF'
 import json, sys, yaml
-src, out, port, token = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-docs = []
-for name in ("configmap.yaml", "secret.example.yaml", "deployment.yaml"):
+src, out, secret_out, port, token = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+def load(name):
     with open(f"{src}/{name}") as f:
-        docs.append(yaml.safe_load(f))
-cm, secret, dep = docs
+        return yaml.safe_load(f)
+cm, secret, dep = load("configmap.yaml"), load("secret.example.yaml"), load("deployment.yaml")
 secret["stringData"]["tokens.json"] = json.dumps({token: "ci-tenant"})
-# kube play takes a Secret's data base64-encoded.
-import base64
-secret["data"] = {k: base64.b64encode(v.encode()).decode() for k, v in secret.pop("stringData").items()}
+# podman 4.3 reads a Secret's `data` verbatim (no base64 decoding) and
+# ignores `stringData`.
+secret["data"] = secret.pop("stringData")
+with open(secret_out, "w") as f:
+    yaml.safe_dump(secret, f)
 dep["spec"]["replicas"] = 1
-for p in dep["spec"]["template"]["spec"]["containers"][0]["ports"]:
+pod = dep["spec"]["template"]["spec"]
+for p in pod["containers"][0]["ports"]:
     if p["name"] == "grpc":
         p["hostPort"] = port
         p["hostIP"] = "127.0.0.1"
+# podman 4.3 reads seccomp from the (pre-1.19) annotation, not from
+# securityContext.seccompProfile.
+dep["spec"]["template"]["metadata"].setdefault("annotations", {})[
+    "seccomp.security.alpha.kubernetes.io/pod"] = "unconfined"
+# podman 4.3 ignores securityContext.procMount: the runtime wrapper below
+# applies it, for the containers that ask for it.
+for c in pod["containers"]:
+    if c.get("securityContext", {}).get("procMount") == "Unmasked":
+        c.setdefault("env", []).append({"name": "SANDBOX_BROKER_CI_PROC_MOUNT", "value": "Unmasked"})
+for v in pod["volumes"]:
+    for kind in ("configMap", "secret"):
+        if kind in v:
+            v[kind]["defaultMode"] = 0o755
 with open(out, "w") as f:
-    yaml.safe_dump_all([cm, secret, dep], f)
+    yaml.safe_dump_all([cm, dep], f)
 EOF
-say "podman kube play deploy/kubernetes (ConfigMap, Secret, Deployment) on 127.0.0.1:$KPORT"
-podman kube play "$KUBE_FILE" >"$WORK/kube.log" 2>&1 ||
+SECRET_NAME=$(awk '/^  name:/ {print $2; exit}' "$SECRET_FILE")
+podman secret rm "$SECRET_NAME" >/dev/null 2>&1 || true
+podman secret create "$SECRET_NAME" "$SECRET_FILE" >/dev/null
+# procMount: Unmasked, as the kubelet does it: the container's OCI spec
+# gets no masked and no read-only paths. Only for containers the manifest
+# marks so (the env variable above), through a runc wrapper this run's
+# containers.conf names.
+cat >"$WORK/runc-procmount" <<'EOF'
+#!/bin/bash
+bundle="" prev=""
+for a in "$@"; do
+  case "$prev" in --bundle | -b) bundle=$a ;; esac
+  case "$a" in --bundle=*) bundle=${a#--bundle=} ;; esac
+  prev=$a
+done
+if [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then
+  /usr/bin/python3 - "$bundle/config.json" <<'PY'
+import json, sys
+path = sys.argv[1]
+with open(path) as f:
+    spec = json.load(f)
+if "SANDBOX_BROKER_CI_PROC_MOUNT=Unmasked" in spec.get("process", {}).get("env", []):
+    spec["linux"]["maskedPaths"] = []
+    spec["linux"]["readonlyPaths"] = []
+    with open(path, "w") as f:
+        json.dump(spec, f)
+PY
+fi
+exec runc "$@"
+EOF
+chmod +x "$WORK/runc-procmount"
+{
+  [ -z "${CONTAINERS_CONF:-}" ] || cat "$CONTAINERS_CONF"
+  printf '[engine]\nruntime = "runc-procmount"\n[engine.runtimes]\nrunc-procmount = ["%s"]\n' "$WORK/runc-procmount"
+} >"$WORK/containers-kube.conf"
+export CONTAINERS_CONF=$WORK/containers-kube.conf
+say "tweak: kube play through a runc wrapper that applies procMount: Unmasked (podman 4.3 ignores the field)"
+KUBE_OPTS=()
+if ! grep -q '^containers:' /etc/subuid 2>/dev/null; then
+  KUBE_OPTS+=(--userns host)
+  say "tweak: kube play --userns host (no subuid range for podman's \"containers\" user here, which hostUsers: false needs)"
+fi
+say "podman kube play deploy/kubernetes (ConfigMap, Deployment; Secret $SECRET_NAME) on 127.0.0.1:$KPORT"
+podman kube play "${KUBE_OPTS[@]}" "$KUBE_FILE" >"$WORK/kube.log" 2>&1 ||
   { cat "$WORK/kube.log"; fail "podman kube play failed"; }
-KCTR=$(podman ps --filter label=io.kubernetes.pod.name --format '{{.Names}}' | grep -- '-broker$' | head -n1)
-[ -n "$KCTR" ] || KCTR=$(podman ps --format '{{.Names}}' | grep -- 'sandbox-broker-pod.*-broker$' | head -n1)
+KCTR=$(podman ps --format '{{.Names}}' | grep -- '^sandbox-broker-pod-0-broker$' | head -n1)
 [ -n "$KCTR" ] || { podman ps -a; fail "no broker container after kube play"; }
 ADDR=127.0.0.1:$KPORT
 wait_healthy "$KCTR"

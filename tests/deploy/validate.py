@@ -100,7 +100,8 @@ def main():
     check("every mount has a volume", set(mounts) <= set(vols))
     check("config comes from the ConfigMap",
           vols["config"]["configMap"]["name"] == cm["metadata"]["name"] and
-          mounts["config"]["mountPath"] == c["args"][c["args"].index("--config") + 1])
+          os.path.dirname(c["args"][c["args"].index("--config") + 1]) ==
+          mounts["config"]["mountPath"] and "subPath" not in mounts["config"])
     cfg = json.loads(cm["data"]["config.json"])
     tokens_path = cfg["auth"]["tokens_file"]
     check("tokens file is mounted from the Secret",
