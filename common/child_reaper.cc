@@ -93,12 +93,17 @@ std::vector<pid_t> Children() {
 
 pid_t ChildReaper::ForkClaimed() {
   State& s = S();
-  absl::ReaderMutexLock fl(&s.fork_mu);
+  // Not a scoped lock: the child must not touch the mutex (a waiting
+  // writer's state belongs to parent threads it does not have), so only the
+  // parent unlocks.
+  s.fork_mu.ReaderLock();
   pid_t pid = fork();
+  if (pid == 0) return 0;
   if (pid > 0) {
     absl::MutexLock l(&s.mu);
     ++s.claimed[pid];
   }
+  s.fork_mu.ReaderUnlock();
   return pid;
 }
 

@@ -243,9 +243,11 @@ say "podman build $IMAGE (build stage: sandbox-brokerd and sandboxctl only, -j2,
 podman build --pull=never --format docker --jobs 2 -t "$IMAGE" . >"$WORK/build.log" 2>&1 ||
   { tail -n 40 "$WORK/build.log"; fail "podman build failed"; }
 say "image built in $(($(date +%s) - t)) s; size $(podman image inspect "$IMAGE" --format '{{.Size}}' | awk '{printf "%.0f MB", $1 / 1e6}')"
-uidgid=$(podman run --rm "${TWEAKS[@]}" --entrypoint id "$IMAGE" -u):$(podman run --rm "${TWEAKS[@]}" --entrypoint id "$IMAGE" -g)
+# podman's complaints about the missing systemd (health timers) go to a log.
+PLOG=$WORK/podman.log
+uidgid=$(podman run --rm "${TWEAKS[@]}" --entrypoint id "$IMAGE" -u 2>>"$PLOG"):$(podman run --rm "${TWEAKS[@]}" --entrypoint id "$IMAGE" -g 2>>"$PLOG")
 [ "$uidgid" = 10001:10001 ] || fail "the image runs as $uidgid, not 10001:10001"
-debs=$(podman run --rm "${TWEAKS[@]}" --entrypoint sh "$IMAGE" -c '{ find /var/cache/apt/archives -name "*.deb"; find /var/lib/apt/lists -type f ! -name lock; } | wc -l')
+debs=$(podman run --rm "${TWEAKS[@]}" --user 0 --entrypoint sh "$IMAGE" -c '{ find /var/cache/apt/archives -name "*.deb"; find /var/lib/apt/lists -type f ! -name lock; } | wc -l' 2>>"$PLOG")
 [ "$debs" = 0 ] || fail "apt caches left in the image ($debs entries)"
 
 # ---- 3. the README's run line -------------------------------------------------------
@@ -258,7 +260,7 @@ say "podman run (README line) on $ADDR"
 podman run -d --name "$CTR" -p "127.0.0.1:$GRPC_PORT:50051" \
   --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
   --security-opt unmask=ALL \
-  "${TWEAKS[@]}" "$IMAGE" >/dev/null
+  "${TWEAKS[@]}" "$IMAGE" >/dev/null 2>>"$PLOG" || { cat "$PLOG"; fail "podman run failed"; }
 wait_healthy "$CTR"
 podman logs "$CTR" 2>&1 | grep -q '"event":"broker.no_auth"' || fail "no-auth warning not logged"
 smoke run-line
@@ -273,7 +275,7 @@ took=$(python3 -c "print(round($(date +%s.%N) - $t, 1))")
 [ "$rc" = 0 ] || { podman logs "$CTR" | tail -n 20; fail "exit status $rc after SIGTERM"; }
 podman logs "$CTR" 2>&1 | grep -q '"event":"broker.exit"' || fail "no broker.exit in the logs"
 say "run-line: SIGTERM -> exit 0 in $took s (drain grace $grace s)"
-podman rm "$CTR" >/dev/null
+podman rm "$CTR" >/dev/null 2>>"$PLOG"
 
 # ---- 4. podman kube play of deploy/kubernetes --------------------------------------
 
@@ -382,6 +384,6 @@ export SANDBOX_BROKER_TOKEN=$TOKEN
 smoke kube
 many_runs kube 300
 no_zombies "$KCTR"
-podman kube down "$KUBE_FILE" >/dev/null
+podman kube down "$KUBE_FILE" >/dev/null 2>>"$PLOG"
 say "kube: token from the Secret, config from the ConfigMap, smoke checks and 300 runs: ok"
 say "done in $(($(date +%s) - T0)) s"
