@@ -416,8 +416,12 @@ absl::Status LocalProvider::Probe() {
   auto r = RunProcess(p);
   (void)RemoveTree(ws);
   if (uid >= 0) uids_->Release(uid);
-  if (!r.ok() || r->exit_code != 0) {
-    std::string why = r.ok() ? r->output : std::string(r.status().message());
+  if (!r.ok()) {  // no process at all (fork failed: out of processes or memory)
+    return absl::UnavailableError(
+        absl::StrCat("local: cannot start a sandbox: ", r.status().message()));
+  }
+  if (r->exit_code != 0) {
+    std::string why = r->output;
     while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
     return absl::FailedPreconditionError(
         absl::StrCat("local: bubblewrap cannot create namespaces here (", why,
