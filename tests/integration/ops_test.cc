@@ -48,8 +48,8 @@ class OpsTest : public BrokerFixture {
 };
 
 TEST_F(OpsTest, HealthNeedsNoTokenAndTracksProviders) {
+  unsetenv("E2B_API_KEY");  // (an earlier test in this process may set it)
   StartBroker(R"({"providers": {"e2b": {}}})");  // e2b without a key: unusable
-  unsetenv("E2B_API_KEY");
   EXPECT_EQ(Health(), "SERVING");
   EXPECT_EQ(Health("sandboxbroker.v1.SandboxBroker"), "SERVING");
   EXPECT_EQ(Health("sandboxbroker.v1.SandboxBroker/local"), "SERVING");
