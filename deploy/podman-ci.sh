@@ -255,9 +255,10 @@ debs=$(podman run --rm "${TWEAKS[@]}" --user 0 --entrypoint sh "$IMAGE" -c '{ fi
 # The README's podman line, with a name and a free host port; then the
 # machine's tweaks.
 GRPC_PORT=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+METRICS_PORT=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 ADDR=127.0.0.1:$GRPC_PORT
-say "podman run (README line) on $ADDR"
-podman run -d --name "$CTR" -p "127.0.0.1:$GRPC_PORT:50051" \
+say "podman run (README line) on $ADDR, metrics on 127.0.0.1:$METRICS_PORT"
+podman run -d --name "$CTR" -p "127.0.0.1:$GRPC_PORT:50051" -p "127.0.0.1:$METRICS_PORT:9090" \
   --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
   --security-opt unmask=ALL \
   "${TWEAKS[@]}" "$IMAGE" >/dev/null 2>>"$PLOG" || { cat "$PLOG"; fail "podman run failed"; }
@@ -266,6 +267,8 @@ podman logs "$CTR" 2>&1 | grep -q '"event":"broker.no_auth"' || fail "no-auth wa
 smoke run-line
 many_runs run-line "$RUNS"
 no_zombies "$CTR"
+/usr/bin/python3 -c "import urllib.request, sys; sys.exit(0 if b'sandbox_broker_calls_total' in urllib.request.urlopen('http://127.0.0.1:$METRICS_PORT/metrics', timeout=5).read() else 1)" ||
+  fail "no metrics on the published metrics port"
 say "run-line: no zombie in the container ($(podman exec "$CTR" ps -e --no-headers | wc -l) processes)"
 grace=$(podman exec "$CTR" sh -c 'grep -o "\"drain_grace_seconds\": *[0-9]*" /etc/sandbox-broker/config.json | grep -o "[0-9]*$"')
 t=$(date +%s.%N)
