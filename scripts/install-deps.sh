@@ -10,6 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libcpp-httplib-dev
   bubblewrap python3 python3-grpcio python3-yaml openssl prometheus-cpp-dev
   libseccomp-dev e2fsprogs mount
+  podman runc catatonit debootstrap  # deploy/podman-ci.sh: the container image job
 )
 # The local provider runs node; keep a node that is already there (it may be
 # newer than Debian's), else take Debian's.

@@ -141,7 +141,17 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
     s->mcp_ = std::make_unique<McpServer>(s->mcp_backend_.get(), s->clock_, mo);
     ASSIGN_OR_RETURN(s->mcp_http_, McpHttpListener::Start(s->mcp_.get(), config));
   }
+  s->health_ = std::make_unique<HealthMonitor>(
+      s->providers_.get(), s->clock_, absl::Seconds(config.health_probe_interval_seconds));
   s->SetHealth(true);
+  if (options.health_thread) {
+    BrokerServer* self = s.get();
+    s->health_thread_ = std::thread([self] {
+      do {
+        self->ProbeProviders();
+      } while (!self->stop_health_.WaitForNotificationWithTimeout(self->health_->interval()));
+    });
+  }
   if (options.reaper_thread) {
     BrokerServer* self = s.get();
     s->reaper_ = std::thread([self] {
@@ -172,14 +182,30 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
 std::string BrokerServer::address() const { return absl::StrCat(host_, ":", port_); }
 
 void BrokerServer::SetHealth(bool serving) {
+  {
+    absl::MutexLock l(&health_mu_);
+    serving_ = serving;
+  }
+  PublishHealth();
+}
+
+void BrokerServer::ProbeProviders() {
+  if (health_->RunOnce()) PublishHealth();
+}
+
+void BrokerServer::PublishHealth() {
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   if (health == nullptr) return;
-  health->SetServingStatus("", serving);  // the whole broker
+  absl::MutexLock l(&health_mu_);
+  const bool serving = serving_;
+  // "" is what readiness probes ask: the broker serves and its default
+  // provider can run code. The service name alone is the process (liveness).
+  health->SetServingStatus("", serving && health_->Healthy(config_.default_provider));
   health->SetServingStatus(pb::SandboxBroker::service_full_name(), serving);
   // Per provider: "sandboxbroker.v1.SandboxBroker/<provider>".
   for (const auto& name : providers_->Names()) {
     health->SetServingStatus(absl::StrCat(pb::SandboxBroker::service_full_name(), "/", name),
-                             serving);
+                             serving && health_->Healthy(name));
   }
   for (const auto& name : providers_->UnavailableNames()) {
     health->SetServingStatus(absl::StrCat(pb::SandboxBroker::service_full_name(), "/", name),
@@ -219,6 +245,8 @@ void BrokerServer::Shutdown(absl::Duration grace) {
   if (!stop_reaper_.HasBeenNotified()) stop_reaper_.Notify();
   if (reloader_) reloader_->Stop();
   if (reaper_.joinable()) reaper_.join();
+  if (!stop_health_.HasBeenNotified()) stop_health_.Notify();
+  if (health_thread_.joinable()) health_thread_.join();
   // Calls still running at the deadline are cancelled; their runs see it.
   server_->Shutdown(absl::ToChronoTime(Clock::Real()->Now() + grace));
   if (mcp_http_) {

@@ -18,6 +18,7 @@
 #include "server/mcp_core_backend.h"
 #include "server/mcp_http.h"
 #include "server/mcp_server.h"
+#include "server/health_monitor.h"
 #include "server/metrics.h"
 #include "server/policy.h"
 #include "server/reload.h"
@@ -48,6 +49,9 @@ class BrokerServer {
     absl::Duration watch_interval = absl::Seconds(1);
     // Instead of audit_log.path / stderr (tests).
     std::function<void(absl::string_view)> audit_sink;
+    // Probe each provider on its own thread every health_probe_interval_seconds
+    // (and once at start). Tests turn it off and call ProbeProviders().
+    bool health_thread = true;
   };
 
   static absl::StatusOr<std::unique_ptr<BrokerServer>> Start(
@@ -75,6 +79,9 @@ class BrokerServer {
   absl::StatusOr<ReloadResult> Reload(const std::string& source) {
     return reloader_->Reload(source);
   }
+  HealthMonitor* health() { return health_.get(); }
+  // Probes the providers that are due and publishes the health statuses.
+  void ProbeProviders();
 
   // Stops accepting calls, waits up to `grace` for running ones, then closes
   // every session. Idempotent.
@@ -85,6 +92,8 @@ class BrokerServer {
  private:
   BrokerServer() = default;
   void SetHealth(bool serving);
+  // Sets every health service from serving_ and the providers' probes.
+  void PublishHealth();
 
   BrokerConfig config_;
   Clock* clock_ = nullptr;
@@ -112,6 +121,11 @@ class BrokerServer {
   std::string host_;
   absl::Notification stop_reaper_;
   std::thread reaper_;
+  std::unique_ptr<HealthMonitor> health_;
+  absl::Notification stop_health_;
+  std::thread health_thread_;
+  absl::Mutex health_mu_;
+  bool serving_ ABSL_GUARDED_BY(health_mu_) = false;
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
 };

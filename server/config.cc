@@ -55,6 +55,8 @@ absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text) {
   c.default_provider = r.String("default_provider", c.default_provider, false);
   c.idle_timeout_seconds = r.Int("idle_timeout_seconds", c.idle_timeout_seconds, 1, 30 * kDay);
   c.reap_interval_seconds = r.Int("reap_interval_seconds", c.reap_interval_seconds, 1, kDay);
+  c.health_probe_interval_seconds =
+      r.Int("health_probe_interval_seconds", c.health_probe_interval_seconds, 1, kDay);
   c.max_lifetime_seconds = r.Int("max_lifetime_seconds", c.max_lifetime_seconds, 0, 365 * kDay);
   c.max_sessions_per_tenant =
       r.Int("max_sessions_per_tenant", c.max_sessions_per_tenant, 1, 100000000);

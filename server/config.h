@@ -19,6 +19,8 @@ struct BrokerConfig {
   std::string default_provider = "local";
   int64_t idle_timeout_seconds = 300;
   int64_t reap_interval_seconds = 10;
+  // How often each provider's health probe runs (Provider::CheckHealth).
+  int64_t health_probe_interval_seconds = 10;
   int64_t max_lifetime_seconds = 0;  // 0 = none
   int64_t max_sessions_per_tenant = 100;
   int64_t default_timeout_seconds = 30;

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/child_reaper.h"
 #include "common/log.h"
 #include "server/broker_server.h"
 #include "server/config.h"
@@ -83,8 +84,14 @@ int main(int argc, char** argv) {
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
   sigaddset(&sigs, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  // SIGCHLD too: the child reaper's thread takes it (sigtimedwait).
+  sigset_t blocked = sigs;
+  sigaddset(&blocked, SIGCHLD);
+  pthread_sigmask(SIG_BLOCK, &blocked, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  // Orphans handed to us (always as PID 1 in a container; anywhere once we
+  // are a subreaper) are reaped; children RunProcess waits for are not.
+  if (absl::Status s = ChildReaper::Start(); !s.ok()) return Fail(std::string(s.message()));
 
   auto providers = BuildProviders(*config);
   if (!providers.ok()) return Fail(std::string(providers.status().message()));

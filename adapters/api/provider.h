@@ -158,6 +158,10 @@ class Provider {
   // Non-empty when the provider runs in a weaker mode the operator chose
   // (e.g. local limits not enforced): why, for health and metrics.
   virtual std::string Degraded() const { return ""; }
+  // Whether the provider can run code now, for the periodic health probe:
+  // the local provider runs a probe sandbox, remote ones call their API.
+  // The error says why not. Must not create anything that outlives it.
+  virtual absl::Status CheckHealth() { return absl::OkStatus(); }
 };
 
 }  // namespace sandbox

@@ -67,7 +67,9 @@ class DaytonaSandbox final : public Sandbox {
       path = "/process/code-run";
       body = daytona::CodeRunBody(request.code, LanguageLabel(language_), envs, timeout_s);
     }
-    RefreshActivity(false);
+    // Best effort: the request that follows reports any other failure;
+    // a sandbox Daytona no longer has is reported now.
+    if (absl::Status s = RefreshActivity(false); IsSandboxGone(s)) return s;
     HttpRequest http;
     http.method = "POST";
     http.url = absl::StrCat(toolbox_, path);
@@ -118,7 +120,9 @@ class DaytonaSandbox final : public Sandbox {
     http.headers = {{"Content-Type", m.content_type}, {"Accept", "*/*"}};
     http.body = std::move(m.body);
     http.timeout = absl::Seconds(provider_->config().request_timeout_seconds);
-    RefreshActivity(false);
+    // Best effort: the request that follows reports any other failure;
+    // a sandbox Daytona no longer has is reported now.
+    if (absl::Status s = RefreshActivity(false); IsSandboxGone(s)) return s;
     auto resp = provider_->Send(std::move(http));
     if (!resp.ok())
       return absl::UnavailableError(absl::StrCat("daytona: write file: ", resp.status().message()));
@@ -137,7 +141,9 @@ class DaytonaSandbox final : public Sandbox {
     http.headers = {{"Content-Type", "application/json"}, {"Accept", "multipart/form-data"}};
     http.body = nlohmann::json({{"paths", {p}}}).dump();
     http.timeout = absl::Seconds(provider_->config().request_timeout_seconds);
-    RefreshActivity(false);
+    // Best effort: the request that follows reports any other failure;
+    // a sandbox Daytona no longer has is reported now.
+    if (absl::Status s = RefreshActivity(false); IsSandboxGone(s)) return s;
     auto resp = provider_->Send(std::move(http));
     if (!resp.ok())
       return absl::UnavailableError(absl::StrCat("daytona: read file: ", resp.status().message()));
@@ -262,6 +268,15 @@ absl::StatusOr<HttpResponse> DaytonaProvider::Send(HttpRequest request) {
     if (r.ok() || !IsConnectFailure(r.status()) || attempt >= 2) return r;
     absl::SleepFor(absl::Milliseconds(250 * (attempt + 1)));
   }
+}
+
+absl::Status DaytonaProvider::CheckHealth() {
+  auto resp = Api("GET", "/sandbox", "");
+  if (!resp.ok()) {
+    return absl::UnavailableError(absl::StrCat("daytona: health probe: ", resp.status().message()));
+  }
+  if (resp->status / 100 == 2 || resp->status == 429) return absl::OkStatus();
+  return daytona::HttpError("health probe (list sandboxes)", resp->status, resp->body);
 }
 
 absl::StatusOr<HttpResponse> DaytonaProvider::Api(const std::string& method,

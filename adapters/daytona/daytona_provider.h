@@ -47,6 +47,8 @@ class DaytonaProvider final : public Provider {
 
   absl::string_view name() const override { return "daytona"; }
   absl::StatusOr<std::unique_ptr<Sandbox>> Create(const SandboxSpec& spec) override;
+  // The control plane answers an authenticated list (429 counts as up).
+  absl::Status CheckHealth() override;
 
   const DaytonaConfig& config() const { return config_; }
   HttpClient* http() { return http_.get(); }

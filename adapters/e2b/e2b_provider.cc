@@ -358,6 +358,13 @@ std::string E2BProvider::EnvdUrl(const std::string& sandbox_id, const std::strin
   return absl::StrCat("https://", e2b::kEnvdPort, "-", sandbox_id, ".", d);
 }
 
+absl::Status E2BProvider::CheckHealth() {
+  auto resp = ControlRequest("GET", "/sandboxes", "");
+  if (!resp.ok()) return resp.status();
+  if (resp->status / 100 == 2 || resp->status == 429) return absl::OkStatus();
+  return e2b::HttpError("health probe (list sandboxes)", resp->status, resp->body);
+}
+
 absl::StatusOr<HttpResponse> E2BProvider::ControlRequest(const std::string& method,
                                                          const std::string& path,
                                                          const std::string& body) {

@@ -42,6 +42,8 @@ class E2BProvider final : public Provider {
 
   absl::string_view name() const override { return "e2b"; }
   absl::StatusOr<std::unique_ptr<Sandbox>> Create(const SandboxSpec& spec) override;
+  // The control plane answers an authenticated list (429 counts as up).
+  absl::Status CheckHealth() override;
 
   HttpClient* http() { return http_.get(); }
   const E2BConfig& config() const { return config_; }

@@ -36,6 +36,7 @@
 #include "adapters/local/seccomp_filter.h"
 #include "adapters/local/workspace_fs.h"
 #include "common/clock.h"
+#include "common/child_reaper.h"
 #include "common/config_reader.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -368,6 +369,7 @@ class LocalSandbox final : public Sandbox {
     if (p_.bwrap_pid > 0) {
       kill(p_.bwrap_pid, SIGKILL);
       waitpid(p_.bwrap_pid, nullptr, 0);
+      ChildReaper::Release(p_.bwrap_pid);
     }
     if (cg_) cg_->Kill(p_.id);
     {
@@ -1040,7 +1042,8 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Start(const std::string&
   char* envp[] = {path_env, nullptr};
   const std::string ws = parts.workspace;
   const bool none = config_.isolation == "none";
-  pid_t pid = fork();
+  // Claimed: the daemon's reaper of orphans never takes this child's status.
+  pid_t pid = ChildReaper::ForkClaimed();
   if (pid < 0) return fail("fork", errno);
   if (pid == 0) {
     // Async-signal-safe calls only.
@@ -1097,6 +1100,7 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Start(const std::string&
   if (n != 1 || c != 'R' || parts.init_pid <= 0) {
     kill(pid, SIGKILL);
     waitpid(pid, nullptr, 0);
+    ChildReaper::Release(pid);
     std::string why = ReadSmallFile(log_path);
     return absl::FailedPreconditionError(absl::StrCat(
         "local: the sandbox container did not start (", why.empty() ? "no output" : why, ")"));
@@ -1173,6 +1177,35 @@ std::string LocalProvider::Degraded() const {
   return absl::StrCat("best_effort: ", enforcement_.detail);
 }
 
+absl::Status LocalProvider::ProbeSandbox() {
+  // One real sandbox, the way sessions will use it.
+  SandboxSpec spec;
+  spec.resources.disk_bytes = enforcement_.disk ? (16 << 20) : 0;
+  auto sb = Start(absl::StrCat("local-probe-", RandomHex(8)), spec, true);
+  absl::StatusOr<ExecResult> r = sb.ok() ? (*sb)->Exec([] {
+    ExecRequest q;
+    q.language = Language::kShell;
+    q.code = "exit 0";
+    q.timeout = absl::Seconds(30);
+    return q;
+  }())
+                                         : absl::StatusOr<ExecResult>(sb.status());
+  if (sb.ok()) (void)(*sb)->Destroy();
+  if (!r.ok()) return absl::UnavailableError(std::string(r.status().message()));
+  if (r->exit_code != 0) {
+    std::string why = r->output;
+    while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
+    return absl::UnavailableError(absl::StrCat("probe exited with ", r->exit_code, ": ", why));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalProvider::CheckHealth() {
+  absl::Status s = ProbeSandbox();
+  if (s.ok()) return s;
+  return absl::UnavailableError(absl::StrCat("local: cannot start a sandbox: ", s.message()));
+}
+
 absl::Status LocalProvider::Probe() {
   if (config_.isolation == "none") {
     Log(LogLevel::kWarning, "local.isolation_none",
@@ -1193,24 +1226,9 @@ absl::Status LocalProvider::Probe() {
     ASSIGN_OR_RETURN(seccomp_bpf_, BuildSeccompBpf());
   }
   RETURN_IF_ERROR(ProbeEnforcement());
-  // One real sandbox, the way sessions will use it.
-  SandboxSpec spec;
-  spec.resources.disk_bytes = enforcement_.disk ? (16 << 20) : 0;
-  auto sb = Start(absl::StrCat("local-probe-", RandomHex(8)), spec, true);
-  absl::StatusOr<ExecResult> r = sb.ok() ? (*sb)->Exec([] {
-    ExecRequest q;
-    q.language = Language::kShell;
-    q.code = "exit 0";
-    q.timeout = absl::Seconds(30);
-    return q;
-  }())
-                                         : absl::StatusOr<ExecResult>(sb.status());
-  if (sb.ok()) (void)(*sb)->Destroy();
-  if (!r.ok() || r->exit_code != 0) {
-    std::string why = r.ok() ? r->output : std::string(r.status().message());
-    while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
+  if (absl::Status s = ProbeSandbox(); !s.ok()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("local: bubblewrap cannot create the sandbox container here (", why,
+        absl::StrCat("local: bubblewrap cannot create the sandbox container here (", s.message(),
                      "); enable unprivileged user namespaces, or set "
                      "providers.local.isolation to \"none\" for development only"));
   }
@@ -1236,6 +1254,12 @@ absl::StatusOr<std::unique_ptr<LocalProvider>> LocalProvider::Create(LocalConfig
     std::ofstream(etc + "/group") << "root:x:0:\n" << u << ":x:1000:\nnogroup:x:65534:\n";
     chmod((etc + "/passwd").c_str(), 0644);
     chmod((etc + "/group").c_str(), 0644);
+  }
+  if (config.isolation == "none") {
+    Log(LogLevel::kWarning, "local.isolation_none",
+        {{"message",
+          "providers.local.isolation is \"none\": sandboxed code runs WITHOUT "
+          "isolation, with the broker's view of the machine; development only"}});
   }
   std::unique_ptr<LocalProvider> p(new LocalProvider(std::move(config), std::move(uids)));
   RETURN_IF_ERROR(p->Probe());

@@ -104,6 +104,9 @@ class LocalProvider final : public Provider {
   ~LocalProvider() override;
   absl::string_view name() const override { return "local"; }
   absl::StatusOr<std::unique_ptr<Sandbox>> Create(const SandboxSpec& spec) override;
+  // Runs one probe sandbox (fork, namespaces, a shell), as at startup.
+  // Starts a container and runs `exit 0` in it (the periodic health probe).
+  absl::Status CheckHealth() override;
 
   // For crash recovery (durable sessions). Sandbox ids found under
   // workspace_root (live or left by a killed broker).
@@ -137,6 +140,7 @@ class LocalProvider final : public Provider {
  private:
   LocalProvider(LocalConfig config, std::shared_ptr<UidPool> uids);
   absl::Status Probe();
+  absl::Status ProbeSandbox();
   absl::Status ProbeEnforcement();
   absl::StatusOr<std::unique_ptr<Sandbox>> Start(const std::string& id, const SandboxSpec& spec,
                                                  bool fresh);

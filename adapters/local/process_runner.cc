@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "adapters/api/output.h"
+#include "common/child_reaper.h"
 #include "common/clock.h"
 
 namespace sandbox {
@@ -159,7 +160,9 @@ absl::StatusOr<ExecResult> RunProcess(const ProcessSpec& spec) {
   envp.push_back(nullptr);
 
   const absl::Time start = clock->Monotonic();
-  pid_t pid = fork();
+  // Claimed, so the daemon's reaper of orphans never takes this child's
+  // exit status: only the waits below do.
+  pid_t pid = ChildReaper::ForkClaimed();
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
   if (pid == 0) {
     ExecChild(spec, argv.data(), envp.data(), stdin_fd.get(), out_w.get(),
@@ -193,6 +196,13 @@ absl::StatusOr<ExecResult> RunProcess(const ProcessSpec& spec) {
   auto try_reap = [&] {
     if (exited) return;
     pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r < 0 && errno == ECHILD) {
+      // Someone else reaped it (a waitpid(-1) elsewhere in the process; the
+      // daemon's own reaper never does, see ChildReaper). Its status is
+      // lost: report 255 rather than spin until the deadline.
+      status = 255 << 8;
+      r = pid;
+    }
     if (r == pid) {
       exited = true;
       drain_deadline = clock->Monotonic() + kDrainAfterExit;
@@ -258,6 +268,7 @@ absl::StatusOr<ExecResult> RunProcess(const ProcessSpec& spec) {
     kill_group();
     waitpid(pid, &status, 0);
   }
+  ChildReaper::Release(pid);
   if (spec.on_pid) spec.on_pid(-1);
 
   ExecResult result;

@@ -84,6 +84,8 @@ def main():
     check("non-root pod", pod["securityContext"].get("runAsNonRoot") is True)
     check("seccomp relaxed only as documented (user namespaces for bubblewrap)",
           sc["seccompProfile"]["type"] == "Unconfined")
+    check("/proc unmasked for bubblewrap's proc mount, in a pod user namespace",
+          sc.get("procMount") == "Unmasked" and pod.get("hostUsers") is False)
     check("drain fits in the termination grace period",
           pod["terminationGracePeriodSeconds"] >
           json.loads(cm["data"]["config.json"]).get("drain_grace_seconds", 30))
@@ -98,7 +100,8 @@ def main():
     check("every mount has a volume", set(mounts) <= set(vols))
     check("config comes from the ConfigMap",
           vols["config"]["configMap"]["name"] == cm["metadata"]["name"] and
-          mounts["config"]["mountPath"] == c["args"][c["args"].index("--config") + 1])
+          os.path.dirname(c["args"][c["args"].index("--config") + 1]) ==
+          mounts["config"]["mountPath"] and "subPath" not in mounts["config"])
     cfg = json.loads(cm["data"]["config.json"])
     tokens_path = cfg["auth"]["tokens_file"]
     check("tokens file is mounted from the Secret",
@@ -150,6 +153,18 @@ def main():
     check("Dockerfile: bookworm build, bookworm-slim runtime, non-root, HEALTHCHECK via sandboxctl",
           "FROM debian:bookworm AS build" in docker and "FROM debian:bookworm-slim" in docker and
           "USER 10001" in docker and "sandboxctl" in docker.split("HEALTHCHECK", 1)[1])
+
+    check("Dockerfile: the image's config needs no file the run line does not give",
+          "COPY deploy/configs/container.json /etc/sandbox-broker/config.json" in docker)
+    with open(os.path.join(ROOT, "deploy", "configs", "container.json")) as f:
+        image_cfg = json.load(f)
+    check("image config: local provider, no tokens file", image_cfg.get("default_provider") ==
+          "local" and "auth" not in image_cfg)
+    with open(os.path.join(ROOT, ".dockerignore")) as f:
+        ignored = [l.strip() for l in f if l.strip() and not l.startswith("#")]
+    check(".dockerignore: the context is an allow-list (no .git, no build trees)",
+          ignored[0] == "*" and "!.git" not in ignored and not any(
+              l.startswith("!build") for l in ignored))
 
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0

@@ -35,6 +35,7 @@ class BrokerFixture : public ::testing::Test {
     BrokerServer::Options o;
     o.clock = &clock_;
     o.reaper_thread = false;
+    o.health_thread = false;
     auto server = BrokerServer::Start(config_, std::move(*providers), o);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
