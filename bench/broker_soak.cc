@@ -25,6 +25,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -158,6 +159,7 @@ class Soak {
     char tmpl[] = "/tmp/sb-soak-XXXXXX";
     if (mkdtemp(tmpl) == nullptr) return Fail("mkdtemp");
     dir_ = tmpl;
+    chmod(dir_.c_str(), 0755);  // sandbox uids traverse it to their workspace
     ws_ = dir_ + "/ws";
     const int port = FreePort();
     nlohmann::json cfg = {{"listen", absl::StrCat("127.0.0.1:", port)},
@@ -377,7 +379,7 @@ class Soak {
     pb::RunRequest req;
     req.set_session_id(session);
     req.set_code("import time\nprint('before', flush=True)\ntime.sleep(30)");
-    req.set_timeout_seconds(1);
+    req.set_timeout_seconds(3);  // ample for python to start on a loaded machine
     pb::RunResult out;
     auto ctx = Ctx();
     grpc::Status s = stub_->Run(ctx.get(), req, &out);
