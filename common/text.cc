@@ -3,6 +3,7 @@
 #include <sys/random.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <cstdlib>
 
 #include "absl/strings/escaping.h"
@@ -63,6 +64,16 @@ std::string RepairUtf8(absl::string_view in) {
       i += n;
     }
   }
+  return out;
+}
+
+std::string QuoteForError(absl::string_view in, size_t max_bytes) {
+  std::string out = RepairUtf8(in.substr(0, max_bytes + 4));
+  if (out.size() <= max_bytes && in.size() <= max_bytes) return out;
+  size_t cut = std::min(out.size(), max_bytes);
+  while (cut > 0 && (static_cast<uint8_t>(out[cut]) & 0xC0) == 0x80) --cut;  // continuation
+  out.resize(cut);
+  out.append("...");
   return out;
 }
 

@@ -14,6 +14,12 @@ std::string RepairUtf8(absl::string_view in);
 // True when `in` is well-formed UTF-8.
 bool IsValidUtf8(absl::string_view in);
 
+// A provider's text quoted in an error message: valid UTF-8 (as RepairUtf8),
+// cut to at most `max_bytes` bytes of it at a character boundary, with "..."
+// appended when cut. Error bodies can be megabytes; gRPC clients refuse
+// status messages beyond their metadata limit (8 KiB by default).
+std::string QuoteForError(absl::string_view in, size_t max_bytes = 200);
+
 // 32 hex characters from the kernel's random source; for ids that must never
 // repeat or be guessed.
 std::string RandomHex(int bytes = 16);

@@ -11,6 +11,8 @@ PACKAGES=(
   bubblewrap python3 python3-grpcio python3-yaml openssl prometheus-cpp-dev
   libseccomp-dev e2fsprogs mount
   podman runc catatonit debootstrap  # deploy/podman-ci.sh: the container image job
+  # Hardening: libFuzzer targets (scripts/fuzz.sh) build with clang.
+  clang-14 libfuzzer-14-dev
 )
 # The local provider runs node; keep a node that is already there (it may be
 # newer than Debian's), else take Debian's.

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/base64.h"  // DecodeBase64Strict
 #include "sandboxbroker/v1/broker.pb.h"
 #include "server/audit.h"
 #include "server/config.h"
@@ -139,8 +140,5 @@ class BrokerCore {
 
 // 1-128 characters of [A-Za-z0-9._:-].
 absl::Status ValidateSessionId(const std::string& id);
-
-// Strict standard base64 (padding required, no whitespace).
-absl::StatusOr<std::string> DecodeBase64Strict(absl::string_view in);
 
 }  // namespace sandbox

@@ -7,8 +7,12 @@ namespace sandbox {
 
 grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
-  // absl and gRPC share the canonical code numbering.
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+  // absl and gRPC share the canonical code numbering. The message is cut to
+  // 1 KiB of valid UTF-8: a message echoing a huge request field or provider
+  // reply would exceed clients' metadata limit (8 KiB by default) and reach
+  // them as RESOURCE_EXHAUSTED instead of this code.
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                      QuoteForError(s.message(), kMaxStatusMessageBytes));
 }
 
 BrokerService::BrokerService(BrokerCore* core, const Authenticator* auth, Clock* clock,

@@ -66,6 +66,8 @@ class BrokerService final : public pb::SandboxBroker::Service {
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// Longest status message sent (longer ones are cut; see ToGrpcStatus).
+inline constexpr size_t kMaxStatusMessageBytes = 1024;
 grpc::Status ToGrpcStatus(const absl::Status& s);
 
 // The call's request id: the caller's x-request-id when sane (`from_client`

@@ -289,7 +289,17 @@ absl::StatusOr<HttpResponse> DaytonaProvider::Api(const std::string& method,
   if (!body.empty()) http.headers.push_back({"Content-Type", "application/json"});
   http.body = body;
   http.timeout = absl::Seconds(config_.request_timeout_seconds);
-  return Send(std::move(http));
+  absl::StatusOr<HttpResponse> r = Send(std::move(http));
+  if (!r.ok() && r.status().code() != absl::StatusCode::kCancelled) {
+    // A transport failure or timeout names the provider and is UNAVAILABLE
+    // (retryable), whatever the HTTP layer called it.
+    absl::Status s = absl::UnavailableError(absl::StrCat(
+        "daytona: ", method, " ", path.substr(0, path.find('/', 1)), ": ", r.status().message()));
+    r.status().ForEachPayload(
+        [&](absl::string_view url, const absl::Cord& payload) { s.SetPayload(url, payload); });
+    return s;
+  }
+  return r;
 }
 
 absl::Status DaytonaProvider::DeleteSandbox(const std::string& id) {

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "adapters/http/http_client.h"
+#include "common/text.h"
 #include "nlohmann/json.hpp"
 
 namespace sandbox {
@@ -130,14 +131,16 @@ absl::Status HttpError(absl::string_view op, int http_status, absl::string_view 
   json j = json::parse(body.begin(), body.end(), nullptr, false);
   if (!j.is_discarded() && j.is_object()) {
     if (j.contains("message") && j["message"].is_string()) {
-      message = j["message"].get<std::string>();
+      message = QuoteForError(j["message"].get<std::string>());
     } else if (j.contains("error") && j["error"].is_string()) {
-      message = j["error"].get<std::string>();
+      message = QuoteForError(j["error"].get<std::string>());
     } else {
-      message = j.dump();
+      // The body itself, not j.dump(): dumping recurses once per nesting
+      // level (a deeply nested reply overflowed the stack) and is unbounded.
+      message = QuoteForError(body);
     }
   } else {
-    message = std::string(body.substr(0, 200));
+    message = QuoteForError(body);
   }
   const std::string msg = absl::StrCat("daytona: ", op, ": ", http_status, " ", message);
   switch (http_status) {
@@ -161,7 +164,9 @@ absl::Status HttpError(absl::string_view op, int http_status, absl::string_view 
     case 429:
       return absl::ResourceExhaustedError(absl::StrCat(msg, " (rate limited)"));
     default:
-      if (http_status >= 500) return absl::UnavailableError(msg);
+      // 5xx, and replies no Daytona operation gives (1xx-3xx where an error
+      // was expected): the provider is not answering properly.
+      if (http_status >= 500 || http_status < 400) return absl::UnavailableError(msg);
       return absl::UnknownError(msg);
   }
 }

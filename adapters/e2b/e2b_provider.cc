@@ -111,7 +111,9 @@ class E2BSandbox final : public Sandbox {
       while (true) {
         auto env = reader.Next();
         if (!env.ok()) {
-          stream_status = env.status();
+          // envd's framing is broken: a provider fault, not the caller's.
+          stream_status = absl::UnavailableError(
+              absl::StrCat("malformed process stream: ", env.status().message()));
           return false;
         }
         if (!env->has_value()) return true;

@@ -3,6 +3,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/text.h"
 #include "nlohmann/json.hpp"
 
 namespace sandbox {
@@ -169,8 +170,9 @@ absl::Status ParseEndStream(absl::string_view text) {
     return it != err->end() && it->is_string() ? it->get<std::string>() : std::string(def);
   };
   std::string code = field("code", "unknown");
-  std::string message = field("message", "");
-  return absl::Status(ConnectCodeToStatus(code), absl::StrCat("[", code, "] ", message));
+  std::string message = QuoteForError(field("message", ""));
+  return absl::Status(ConnectCodeToStatus(code),
+                      absl::StrCat("[", QuoteForError(code, 64), "] ", message));
 }
 
 namespace {
@@ -178,10 +180,9 @@ std::string BodyMessage(absl::string_view body) {
   json j = json::parse(body.begin(), body.end(), nullptr, false);
   if (!j.is_discarded() && j.is_object()) {
     auto it = j.find("message");
-    if (it != j.end() && it->is_string()) return it->get<std::string>();
+    if (it != j.end() && it->is_string()) return QuoteForError(it->get<std::string>());
   }
-  std::string s(body.substr(0, 200));
-  return s;
+  return QuoteForError(body);
 }
 }  // namespace
 
@@ -208,7 +209,9 @@ absl::Status HttpError(absl::string_view op, int http_status, absl::string_view 
     case 507:
       return absl::ResourceExhaustedError(msg);
     default:
-      if (http_status >= 500) return absl::UnavailableError(msg);
+      // 5xx, and replies no E2B operation gives (1xx-3xx where an error was
+      // expected): the provider is not answering properly.
+      if (http_status >= 500 || http_status < 400) return absl::UnavailableError(msg);
       return absl::UnknownError(msg);
   }
 }

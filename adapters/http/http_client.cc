@@ -23,6 +23,7 @@ struct Transfer {
   const HttpRequest* request;
   HttpResponse* response;
   bool aborted_by_body = false;
+  bool too_large = false;
 };
 
 size_t OnData(char* ptr, size_t size, size_t nmemb, void* userdata) {
@@ -34,6 +35,10 @@ size_t OnData(char* ptr, size_t size, size_t nmemb, void* userdata) {
       return 0;  // aborts with CURLE_WRITE_ERROR
     }
   } else {
+    if (t->response->body.size() + n > t->request->max_response_bytes) {
+      t->too_large = true;
+      return 0;  // aborts with CURLE_WRITE_ERROR
+    }
     t->response->body.append(ptr, n);
   }
   return n;
@@ -172,6 +177,10 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const HttpRequest& request) {
   if (rc == CURLE_OK) return response;
   if (rc == CURLE_ABORTED_BY_CALLBACK || (rc == CURLE_WRITE_ERROR && t.aborted_by_body)) {
     return absl::CancelledError("http: transfer stopped");
+  }
+  if (rc == CURLE_WRITE_ERROR && t.too_large) {
+    return absl::UnavailableError(absl::StrCat("http: response body larger than ",
+                                               request.max_response_bytes, " bytes"));
   }
   if (rc == CURLE_OPERATION_TIMEDOUT) {
     return absl::DeadlineExceededError(

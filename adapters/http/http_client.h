@@ -30,6 +30,9 @@ struct HttpRequest {
   std::function<bool(absl::string_view)> on_body;
   // Polled during the transfer; true aborts it (CANCELLED).
   std::function<bool()> cancelled;
+  // A collected body larger than this fails the request (UNAVAILABLE): a
+  // provider answering garbage cannot make the daemon buffer without bound.
+  size_t max_response_bytes = size_t{256} << 20;
 };
 
 struct HttpResponse {

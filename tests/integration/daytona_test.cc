@@ -82,7 +82,8 @@ TEST_F(DaytonaTest, EnvTimeoutCapAndOneChunkStreams) {
 
 TEST_F(DaytonaTest, FilesAreBinarySafe) {
   auto sb = Client("dtn-files");
-  const std::string binary("\x00\x01\xfe\xff\r\n--DAYTONA-FILE-BOUNDARY\r\n", 33);
+  static const char kBinary[] = "\x00\x01\xfe\xff\r\n--DAYTONA-FILE-BOUNDARY\r\n";
+  const std::string binary(kBinary, sizeof(kBinary) - 1);  // was 33: read past the end
   ASSERT_TRUE(
       sb->WriteFile("/home/daytona/data/b.bin", absl::Base64Escape(binary), pb::ENCODING_BASE64)
           .ok());

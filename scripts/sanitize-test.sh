@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Sanitizer suites (README "Hardening"). Usage:
+#   scripts/sanitize-test.sh address [ctest args...]   # ASan+UBSan, build-asan/
+#   scripts/sanitize-test.sh thread  [ctest args...]   # TSan, build-tsan/
+# Both use gcc (the compiler Debian's gRPC/Abseil were built with; ccache
+# applies). address runs broker_tests and the fuzz corpus replays; thread
+# runs the core concurrency set (TSAN_FILTER) of broker_tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kind="${1:?usage: sanitize-test.sh address|thread [ctest args]}"
+shift
+root="$PWD"
+case "$kind" in
+  address) dir=build-asan ;;
+  thread) dir=build-tsan ;;
+  *) echo "sanitize-test: unknown sanitizer '$kind' (address|thread)" >&2; exit 2 ;;
+esac
+launcher=()
+command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSANDBOX_BROKER_TESTS=ON \
+  -DSANDBOX_BROKER_SANITIZE="$kind" "${launcher[@]}" >/dev/null
+supp="$root/tests/sanitizers"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$supp/ubsan.supp"
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:detect_stack_use_after_return=0:strict_string_checks=1"
+export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp:report_signal_unsafe=0"
+
+start=$(date +%s)
+if [ "$kind" = address ]; then
+  cmake --build "$dir" -j"${JOBS:-2}" --target broker_tests sandboxctl sandbox-brokerd \
+    fake-e2b fake-daytona fuzz_e2b_envelope_replay fuzz_e2b_json_replay \
+    fuzz_daytona_json_replay fuzz_multipart_replay fuzz_config_replay fuzz_tools_replay \
+    fuzz_workspace_fs_replay fuzz_base64_replay broker_soak
+  built=$(date +%s)
+  echo "sanitize-test: $kind build took $((built - start)) s" >&2
+  # Everything gtest discovers plus the corpus replays; the language
+  # clients, SDK conformance, deploy checks and the benchmark exercise
+  # uninstrumented programs against the same daemon and run in the main suite.
+  (cd "$dir" && ctest --output-on-failure --timeout 600 -j"${CTEST_JOBS:-2}" \
+    -E '^(example_|conformance_|deploy_manifests|bench_smoke)' "$@")
+else
+  cmake --build "$dir" -j"${JOBS:-2}" --target broker_tests sandbox-brokerd
+  built=$(date +%s)
+  echo "sanitize-test: $kind build took $((built - start)) s" >&2
+  # The core: session table, single-flight creation, reaper, close races,
+  # streaming and cancellation, through the real gRPC server.
+  filter="${TSAN_FILTER:-SessionManager*:BrokerTest.ConcurrentFirstCallsShareOneSandbox:BrokerTest.ARunningCallIsNeverReaped:BrokerTest.IdleSessionsAreReapedAndTheirSandboxDestroyed:AgentApiTest.Stream*:AgentApiTest.Cancelling*:BadInput*:Hardening*}"
+  "$dir/broker_tests" --gtest_filter="$filter" "$@"
+fi
+echo "sanitize-test: $kind suite took $(( $(date +%s) - start )) s" >&2

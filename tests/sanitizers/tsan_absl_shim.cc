@@ -1,0 +1,185 @@
+// ThreadSanitizer builds only (SANDBOX_BROKER_SANITIZE=thread).
+//
+// Debian's Abseil is not built with -fsanitize=thread, so TSan cannot see
+// absl::Mutex, absl::CondVar or absl::Notification synchronise anything:
+// every access guarded by one would be reported as a race. This file
+// interposes their public entry points (the executable's definitions win
+// over libabsl_synchronization.so's, which is linked without -Bsymbolic),
+// calls the real function via dlsym(RTLD_NEXT) and tells TSan about the
+// happens-before edge: release before giving a lock up, acquire after
+// getting it. That is the same happens-before model TSan applies to the
+// mutexes it intercepts itself. gRPC's grpc_core::Mutex wraps absl::Mutex, so
+// gRPC's own locking becomes visible too.
+
+#include <dlfcn.h>
+#include <sanitizer/tsan_interface.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+
+namespace {
+
+template <typename Fn>
+Fn Real(const char* mangled) {
+  void* p = dlsym(RTLD_NEXT, mangled);
+  if (p == nullptr) {
+    std::fprintf(stderr, "tsan_absl_shim: %s not found\n", mangled);
+    std::abort();
+  }
+  return reinterpret_cast<Fn>(p);
+}
+
+}  // namespace
+
+#define SB_REAL(type, mangled) static const auto real = Real<type>(mangled)
+
+namespace absl {
+ABSL_NAMESPACE_BEGIN
+
+void Mutex::Lock() {
+  SB_REAL(void (*)(Mutex*), "_ZN4absl7debian35Mutex4LockEv");
+  real(this);
+  __tsan_acquire(this);
+}
+void Mutex::ReaderLock() {
+  SB_REAL(void (*)(Mutex*), "_ZN4absl7debian35Mutex10ReaderLockEv");
+  real(this);
+  __tsan_acquire(this);
+}
+bool Mutex::TryLock() {
+  SB_REAL(bool (*)(Mutex*), "_ZN4absl7debian35Mutex7TryLockEv");
+  const bool got = real(this);
+  if (got) __tsan_acquire(this);
+  return got;
+}
+bool Mutex::ReaderTryLock() {
+  SB_REAL(bool (*)(Mutex*), "_ZN4absl7debian35Mutex13ReaderTryLockEv");
+  const bool got = real(this);
+  if (got) __tsan_acquire(this);
+  return got;
+}
+void Mutex::Unlock() {
+  SB_REAL(void (*)(Mutex*), "_ZN4absl7debian35Mutex6UnlockEv");
+  __tsan_release(this);
+  real(this);
+}
+void Mutex::ReaderUnlock() {
+  SB_REAL(void (*)(Mutex*), "_ZN4absl7debian35Mutex12ReaderUnlockEv");
+  __tsan_release(this);
+  real(this);
+}
+void Mutex::LockWhen(const Condition& c) {
+  SB_REAL(void (*)(Mutex*, const Condition&), "_ZN4absl7debian35Mutex8LockWhenERKNS0_9ConditionE");
+  real(this, c);
+  __tsan_acquire(this);
+}
+void Mutex::ReaderLockWhen(const Condition& c) {
+  SB_REAL(void (*)(Mutex*, const Condition&),
+          "_ZN4absl7debian35Mutex14ReaderLockWhenERKNS0_9ConditionE");
+  real(this, c);
+  __tsan_acquire(this);
+}
+bool Mutex::LockWhenWithTimeout(const Condition& c, absl::Duration d) {
+  SB_REAL(bool (*)(Mutex*, const Condition&, absl::Duration),
+          "_ZN4absl7debian35Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
+  const bool r = real(this, c, d);
+  __tsan_acquire(this);
+  return r;
+}
+bool Mutex::LockWhenWithDeadline(const Condition& c, absl::Time t) {
+  SB_REAL(bool (*)(Mutex*, const Condition&, absl::Time),
+          "_ZN4absl7debian35Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+  const bool r = real(this, c, t);
+  __tsan_acquire(this);
+  return r;
+}
+bool Mutex::ReaderLockWhenWithTimeout(const Condition& c, absl::Duration d) {
+  SB_REAL(bool (*)(Mutex*, const Condition&, absl::Duration),
+          "_ZN4absl7debian35Mutex25ReaderLockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
+  const bool r = real(this, c, d);
+  __tsan_acquire(this);
+  return r;
+}
+bool Mutex::ReaderLockWhenWithDeadline(const Condition& c, absl::Time t) {
+  SB_REAL(bool (*)(Mutex*, const Condition&, absl::Time),
+          "_ZN4absl7debian35Mutex26ReaderLockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+  const bool r = real(this, c, t);
+  __tsan_acquire(this);
+  return r;
+}
+void Mutex::Await(const Condition& c) {
+  SB_REAL(void (*)(Mutex*, const Condition&), "_ZN4absl7debian35Mutex5AwaitERKNS0_9ConditionE");
+  __tsan_release(this);
+  real(this, c);
+  __tsan_acquire(this);
+}
+bool Mutex::AwaitWithTimeout(const Condition& c, absl::Duration d) {
+  SB_REAL(bool (*)(Mutex*, const Condition&, absl::Duration),
+          "_ZN4absl7debian35Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
+  __tsan_release(this);
+  const bool r = real(this, c, d);
+  __tsan_acquire(this);
+  return r;
+}
+bool Mutex::AwaitWithDeadline(const Condition& c, absl::Time t) {
+  SB_REAL(bool (*)(Mutex*, const Condition&, absl::Time),
+          "_ZN4absl7debian35Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+  __tsan_release(this);
+  const bool r = real(this, c, t);
+  __tsan_acquire(this);
+  return r;
+}
+
+void CondVar::Wait(Mutex* mu) {
+  SB_REAL(void (*)(CondVar*, Mutex*), "_ZN4absl7debian37CondVar4WaitEPNS0_5MutexE");
+  __tsan_release(mu);
+  real(this, mu);
+  __tsan_acquire(mu);
+}
+bool CondVar::WaitWithTimeout(Mutex* mu, absl::Duration d) {
+  SB_REAL(bool (*)(CondVar*, Mutex*, absl::Duration),
+          "_ZN4absl7debian37CondVar15WaitWithTimeoutEPNS0_5MutexENS0_8DurationE");
+  __tsan_release(mu);
+  const bool r = real(this, mu, d);
+  __tsan_acquire(mu);
+  return r;
+}
+bool CondVar::WaitWithDeadline(Mutex* mu, absl::Time t) {
+  SB_REAL(bool (*)(CondVar*, Mutex*, absl::Time),
+          "_ZN4absl7debian37CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
+  __tsan_release(mu);
+  const bool r = real(this, mu, t);
+  __tsan_acquire(mu);
+  return r;
+}
+
+void Notification::Notify() {
+  SB_REAL(void (*)(Notification*), "_ZN4absl7debian312Notification6NotifyEv");
+  __tsan_release(this);
+  real(this);
+}
+void Notification::WaitForNotification() const {
+  SB_REAL(void (*)(const Notification*), "_ZNK4absl7debian312Notification19WaitForNotificationEv");
+  real(this);
+  __tsan_acquire(const_cast<Notification*>(this));
+}
+bool Notification::WaitForNotificationWithTimeout(absl::Duration d) const {
+  SB_REAL(bool (*)(const Notification*, absl::Duration),
+          "_ZNK4absl7debian312Notification30WaitForNotificationWithTimeoutENS0_8DurationE");
+  const bool r = real(this, d);
+  if (r) __tsan_acquire(const_cast<Notification*>(this));
+  return r;
+}
+bool Notification::WaitForNotificationWithDeadline(absl::Time t) const {
+  SB_REAL(bool (*)(const Notification*, absl::Time),
+          "_ZNK4absl7debian312Notification31WaitForNotificationWithDeadlineENS0_4TimeE");
+  const bool r = real(this, t);
+  if (r) __tsan_acquire(const_cast<Notification*>(this));
+  return r;
+}
+
+ABSL_NAMESPACE_END
+}  // namespace absl
