@@ -629,10 +629,16 @@ TEST_F(OperatorsTest, ReloadOnTokensFileChangeAndATokenRevokedMidSession) {
   grpc::Status inflight_status;
   std::thread t(
       [&] { inflight_status = stub_->Shell(Ctx("token-file-0001").get(), req, &inflight); });
-  for (int i = 0; i < 2000 && server_->policy()->running("filer") == 0; ++i) usleep(5000);
+  // Admitted, and its sandbox created (a container takes a moment to start).
+  auto ready = [&] {
+    auto v = server_->sessions()->Get("filer", "long");
+    return server_->policy()->running("filer") == 1 && v.ok() && !v->sandbox_id.empty();
+  };
+  for (int i = 0; i < 2000 && !ready(); ++i) usleep(5000);
   ASSERT_EQ(server_->policy()->running("filer"), 1);
   auto before = server_->sessions()->Get("filer", "long");
   ASSERT_TRUE(before.ok());
+  ASSERT_FALSE(before->sandbox_id.empty());
 
   WriteText(tokens_file, R"({"token-file-0002": "filer"})");
   EXPECT_TRUE(server_->reloader()->CheckTokensFile());
