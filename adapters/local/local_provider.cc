@@ -298,18 +298,23 @@ class LocalSandbox final : public Sandbox {
     field(absl::StrCat(env.size()));
     for (const auto& [k, v] : env) field(absl::StrCat(k, "=", v));
 
-    int run_no;
+    std::string run_cg;
     {
       absl::MutexLock l(&mu_);
       if (destroyed_) return absl::FailedPreconditionError("local: sandbox is closed");
       ++running_;
-      run_no = ++run_seq_;
+      // An empty group of an earlier run is reused: no mkdir/rmdir per run.
+      if (!idle_run_cgroups_.empty()) {
+        run_cg = std::move(idle_run_cgroups_.back());
+        idle_run_cgroups_.pop_back();
+      } else {
+        run_cg = absl::StrCat("run-", ++run_seq_);
+      }
     }
     absl::Cleanup done = [this] {
       absl::MutexLock l(&mu_);
       --running_;
     };
-    const std::string run_cg = absl::StrCat("run-", run_no);
     std::vector<int> cg_fds;
     int64_t oom_before = 0;
     if (cg_) {
@@ -325,7 +330,11 @@ class LocalSandbox final : public Sandbox {
     for (int fd : cg_fds) close(fd);
     if (cg_) {
       if (r.ok() && cg_->OomKills(p_.id, run_cg) > oom_before) r->oom_killed = true;
-      if (cg_->Empty(p_.id, run_cg)) (void)cg_->Remove(p_.id, run_cg);
+      // Groups still holding background processes stay until Destroy.
+      if (cg_->Empty(p_.id, run_cg)) {
+        absl::MutexLock l(&mu_);
+        idle_run_cgroups_.push_back(run_cg);
+      }
     }
     return r;
   }
@@ -619,6 +628,7 @@ class LocalSandbox final : public Sandbox {
   bool destroyed_ ABSL_GUARDED_BY(mu_) = false;
   int running_ ABSL_GUARDED_BY(mu_) = 0;  // inside Exec
   int run_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> idle_run_cgroups_ ABSL_GUARDED_BY(mu_);
 };
 
 LocalLimits ReadLimits(ConfigReader& parent, const std::string& key, const LocalLimits& def) {
