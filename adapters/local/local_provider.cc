@@ -563,19 +563,7 @@ class LocalSandbox final : public Sandbox {
       if (!closed) return SandboxGoneError("local: the sandbox's container is gone");
       status = SIGKILL;
     }
-    ExecResult result;
-    result.truncated = collector.truncated();
-    result.output = collector.Take();
-    result.timed_out = timed_out;
-    result.cancelled = cancelled;
-    if (timed_out) {
-      result.exit_code = 124;
-    } else if (WIFEXITED(status)) {
-      result.exit_code = WEXITSTATUS(status);
-    } else if (WIFSIGNALED(status)) {
-      result.exit_code = 128 + WTERMSIG(status);
-    }
-    return result;
+    return FinishResult(collector, status, timed_out, cancelled);
   }
 
   // /tmp paths go to the container's /tmp.
@@ -749,6 +737,12 @@ LocalProvider::LocalProvider(LocalConfig config, std::shared_ptr<UidPool> uids)
   for (const auto& p : config_.extra_ro_paths) {
     system_args_.insert(system_args_.end(), {"--ro-bind-try", p, p});
   }
+  if (!config_.user_name.empty()) {
+    const std::string etc = absl::StrCat(config_.workspace_root, "/.etc");
+    user_args_ = {"--uid",        "1000",        "--gid",        "1000",
+                  "--ro-bind",    etc + "/passwd", "/etc/passwd", "--ro-bind",
+                  etc + "/group", "/etc/group"};
+  }
   // Only paths this kernel has: bwrap cannot create files in /proc.
   for (const char* f : kProcMaskFiles) {
     std::string p = absl::StrCat("/proc/", f);
@@ -785,11 +779,7 @@ std::vector<std::string> LocalProvider::WrapCommand(const std::string& workspace
                                 "--hostname",
                                 "sandbox"};
   a.insert(a.end(), system_args_.begin(), system_args_.end());
-  if (!config_.user_name.empty()) {
-    const std::string etc = absl::StrCat(config_.workspace_root, "/.etc");
-    a.insert(a.end(), {"--uid", "1000", "--gid", "1000", "--ro-bind", etc + "/passwd",
-                       "/etc/passwd", "--ro-bind", etc + "/group", "/etc/group"});
-  }
+  a.insert(a.end(), user_args_.begin(), user_args_.end());
   a.insert(a.end(), {"--proc", "/proc", "--dev", "/dev"});
   if (tmp_dir.empty()) {
     a.insert(a.end(), {"--tmpfs", "/tmp"});
@@ -821,11 +811,7 @@ std::vector<std::string> LocalProvider::ContainerArgs(const std::string& workspa
                                 "--hostname",
                                 "sandbox"};
   a.insert(a.end(), system_args_.begin(), system_args_.end());
-  if (!config_.user_name.empty()) {
-    const std::string etc = absl::StrCat(config_.workspace_root, "/.etc");
-    a.insert(a.end(), {"--uid", "1000", "--gid", "1000", "--ro-bind", etc + "/passwd",
-                       "/etc/passwd", "--ro-bind", etc + "/group", "/etc/group"});
-  }
+  a.insert(a.end(), user_args_.begin(), user_args_.end());
   a.insert(a.end(), {"--proc", "/proc"});
   a.insert(a.end(), proc_masks_.begin(), proc_masks_.end());
   a.insert(a.end(), {"--dev", "/dev"});
