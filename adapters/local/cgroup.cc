@@ -218,7 +218,20 @@ absl::Status CgroupFs::CreateSandbox(const std::string& name, const CgroupLimits
 absl::StatusOr<std::vector<int>> CgroupFs::CreateChild(const std::string& name,
                                                        const std::string& child) const {
   std::vector<int> fds;
-  for (const auto& d : Dirs(name, child)) {
+  std::vector<std::string> dirs = Dirs(name, child);
+  if (version_ == 1) {
+    // Each v1 hierarchy is one more migration (and RCU grace period) per
+    // run: runs get their own group only where it matters, in pids (the
+    // kill set). init joins the sandbox's own group in the others, so runs
+    // inherit it for memory (OOM counts) and cpu.
+    dirs = {PidsDir(name, child)};
+    if (child == "init") {
+      for (const std::string& b : {mem_, cpu_, cpuacct_}) {
+        if (!b.empty()) dirs.push_back(absl::StrCat(b, "/", parent_, "/", name));
+      }
+    }
+  }
+  for (const auto& d : dirs) {
     absl::Status s = MkDir(d);
     int fd = s.ok() ? open((d + "/cgroup.procs").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644) : -1;
     if (fd < 0) {
@@ -290,7 +303,8 @@ int64_t CgroupFs::OomKills(const std::string& name, const std::string& child) co
   const std::string m = MemDir(name);
   if (version_ == 2) return Field(Slurp(m + "/memory.events"), "oom_kill");
   int64_t n = 0;
-  for (const auto& d : child.empty() ? WithSubdirs(m) : std::vector<std::string>{m + "/" + child}) {
+  (void)child;
+  for (const auto& d : WithSubdirs(m)) {
     n += Field(Slurp(d + "/memory.oom_control"), "oom_kill");
   }
   return n;

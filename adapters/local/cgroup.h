@@ -45,7 +45,9 @@ class CgroupFs {
   // Creates (or, after a crash, reuses) the sandbox's group with `limits`.
   absl::Status CreateSandbox(const std::string& name, const CgroupLimits& limits) const;
   // Creates a child group ("init", "run-3"); its cgroup.procs files opened
-  // for writing, one per hierarchy (O_CLOEXEC; the caller closes them).
+  // for writing (O_CLOEXEC; the caller closes them). v2: one. v1: the
+  // child in the pids hierarchy only (the kill set), plus for "init" the
+  // sandbox's own group in memory, cpu and cpuacct, which runs inherit.
   absl::StatusOr<std::vector<int>> CreateChild(const std::string& name,
                                                const std::string& child) const;
   // SIGKILLs every process of the group (child empty = the whole sandbox)
@@ -57,9 +59,10 @@ class CgroupFs {
   // Kill first. Missing is success.
   absl::Status Remove(const std::string& name, const std::string& child = "") const;
   CgroupUsage Usage(const std::string& name) const;
-  // Processes killed by the memory limit: v2 counts the whole sandbox
-  // (memory.events is hierarchical), v1 counts only the group `child`
-  // (memory.oom_control is per group). Compare before and after a run.
+  // Processes killed by the memory limit in the whole sandbox: v2's
+  // memory.events is hierarchical; v1's memory.oom_control counts per group,
+  // so it is summed over the sandbox's groups. Compare before and after a
+  // run (`child` is unused).
   int64_t OomKills(const std::string& name, const std::string& child) const;
   // Whether the group exists (e.g. left by a crashed broker).
   bool Exists(const std::string& name) const;

@@ -299,18 +299,23 @@ class LocalSandbox final : public Sandbox {
     field(absl::StrCat(env.size()));
     for (const auto& [k, v] : env) field(absl::StrCat(k, "=", v));
 
-    int run_no;
+    std::string run_cg;
     {
       absl::MutexLock l(&mu_);
       if (destroyed_) return absl::FailedPreconditionError("local: sandbox is closed");
       ++running_;
-      run_no = ++run_seq_;
+      // An empty group of an earlier run is reused: no mkdir/rmdir per run.
+      if (!idle_run_cgroups_.empty()) {
+        run_cg = std::move(idle_run_cgroups_.back());
+        idle_run_cgroups_.pop_back();
+      } else {
+        run_cg = absl::StrCat("run-", ++run_seq_);
+      }
     }
     absl::Cleanup done = [this] {
       absl::MutexLock l(&mu_);
       --running_;
     };
-    const std::string run_cg = absl::StrCat("run-", run_no);
     std::vector<int> cg_fds;
     int64_t oom_before = 0;
     if (cg_) {
@@ -326,7 +331,11 @@ class LocalSandbox final : public Sandbox {
     for (int fd : cg_fds) close(fd);
     if (cg_) {
       if (r.ok() && cg_->OomKills(p_.id, run_cg) > oom_before) r->oom_killed = true;
-      if (cg_->Empty(p_.id, run_cg)) (void)cg_->Remove(p_.id, run_cg);
+      // Groups still holding background processes stay until Destroy.
+      if (cg_->Empty(p_.id, run_cg)) {
+        absl::MutexLock l(&mu_);
+        idle_run_cgroups_.push_back(run_cg);
+      }
     }
     return r;
   }
@@ -556,19 +565,7 @@ class LocalSandbox final : public Sandbox {
       if (!closed) return SandboxGoneError("local: the sandbox's container is gone");
       status = SIGKILL;
     }
-    ExecResult result;
-    result.truncated = collector.truncated();
-    result.output = collector.Take();
-    result.timed_out = timed_out;
-    result.cancelled = cancelled;
-    if (timed_out) {
-      result.exit_code = 124;
-    } else if (WIFEXITED(status)) {
-      result.exit_code = WEXITSTATUS(status);
-    } else if (WIFSIGNALED(status)) {
-      result.exit_code = 128 + WTERMSIG(status);
-    }
-    return result;
+    return FinishResult(collector, status, timed_out, cancelled);
   }
 
   // /tmp paths go to the container's /tmp.
@@ -621,6 +618,7 @@ class LocalSandbox final : public Sandbox {
   bool destroyed_ ABSL_GUARDED_BY(mu_) = false;
   int running_ ABSL_GUARDED_BY(mu_) = 0;  // inside Exec
   int run_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> idle_run_cgroups_ ABSL_GUARDED_BY(mu_);
 };
 
 LocalLimits ReadLimits(ConfigReader& parent, const std::string& key, const LocalLimits& def) {
@@ -741,6 +739,12 @@ LocalProvider::LocalProvider(LocalConfig config, std::shared_ptr<UidPool> uids)
   for (const auto& p : config_.extra_ro_paths) {
     system_args_.insert(system_args_.end(), {"--ro-bind-try", p, p});
   }
+  if (!config_.user_name.empty()) {
+    const std::string etc = absl::StrCat(config_.workspace_root, "/.etc");
+    user_args_ = {"--uid",        "1000",        "--gid",        "1000",
+                  "--ro-bind",    etc + "/passwd", "/etc/passwd", "--ro-bind",
+                  etc + "/group", "/etc/group"};
+  }
   // Only paths this kernel has: bwrap cannot create files in /proc.
   for (const char* f : kProcMaskFiles) {
     std::string p = absl::StrCat("/proc/", f);
@@ -777,11 +781,7 @@ std::vector<std::string> LocalProvider::WrapCommand(const std::string& workspace
                                 "--hostname",
                                 "sandbox"};
   a.insert(a.end(), system_args_.begin(), system_args_.end());
-  if (!config_.user_name.empty()) {
-    const std::string etc = absl::StrCat(config_.workspace_root, "/.etc");
-    a.insert(a.end(), {"--uid", "1000", "--gid", "1000", "--ro-bind", etc + "/passwd",
-                       "/etc/passwd", "--ro-bind", etc + "/group", "/etc/group"});
-  }
+  a.insert(a.end(), user_args_.begin(), user_args_.end());
   a.insert(a.end(), {"--proc", "/proc", "--dev", "/dev"});
   if (tmp_dir.empty()) {
     a.insert(a.end(), {"--tmpfs", "/tmp"});
@@ -813,11 +813,7 @@ std::vector<std::string> LocalProvider::ContainerArgs(const std::string& workspa
                                 "--hostname",
                                 "sandbox"};
   a.insert(a.end(), system_args_.begin(), system_args_.end());
-  if (!config_.user_name.empty()) {
-    const std::string etc = absl::StrCat(config_.workspace_root, "/.etc");
-    a.insert(a.end(), {"--uid", "1000", "--gid", "1000", "--ro-bind", etc + "/passwd",
-                       "/etc/passwd", "--ro-bind", etc + "/group", "/etc/group"});
-  }
+  a.insert(a.end(), user_args_.begin(), user_args_.end());
   a.insert(a.end(), {"--proc", "/proc"});
   a.insert(a.end(), proc_masks_.begin(), proc_masks_.end());
   a.insert(a.end(), {"--dev", "/dev"});

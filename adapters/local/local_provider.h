@@ -153,6 +153,7 @@ class LocalProvider final : public Provider {
   const std::shared_ptr<UidPool> uids_;
   std::vector<std::string> system_args_;  // bwrap options for /usr, /etc, ...
   std::vector<std::string> proc_masks_;   // bwrap options masking /proc paths
+  std::vector<std::string> user_args_;    // bwrap options for user_name
   std::string seccomp_bpf_;
   LocalEnforcement enforcement_;
   std::unique_ptr<CgroupFs> cgroups_;  // null when not enforced

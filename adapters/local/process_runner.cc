@@ -271,6 +271,11 @@ absl::StatusOr<ExecResult> RunProcess(const ProcessSpec& spec) {
   ChildReaper::Release(pid);
   if (spec.on_pid) spec.on_pid(-1);
 
+  return FinishResult(collector, status, timed_out, cancelled);
+}
+
+ExecResult FinishResult(OutputCollector& collector, int wait_status, bool timed_out,
+                        bool cancelled) {
   ExecResult result;
   result.truncated = collector.truncated();
   result.output = collector.Take();
@@ -278,10 +283,10 @@ absl::StatusOr<ExecResult> RunProcess(const ProcessSpec& spec) {
   result.cancelled = cancelled;
   if (timed_out) {
     result.exit_code = 124;
-  } else if (WIFEXITED(status)) {
-    result.exit_code = WEXITSTATUS(status);
-  } else if (WIFSIGNALED(status)) {
-    result.exit_code = 128 + WTERMSIG(status);
+  } else if (WIFEXITED(wait_status)) {
+    result.exit_code = WEXITSTATUS(wait_status);
+  } else if (WIFSIGNALED(wait_status)) {
+    result.exit_code = 128 + WTERMSIG(wait_status);
   }
   return result;
 }

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "adapters/api/output.h"
 #include "adapters/api/provider.h"
 
 namespace sandbox {
@@ -52,5 +53,10 @@ struct ProcessSpec {
 //
 // Thread-safe (no shared state); blocks the calling thread.
 absl::StatusOr<ExecResult> RunProcess(const ProcessSpec& spec);
+
+// The result of a finished run: the collected output and the exit code from
+// a waitpid status (124 on timeout, 128+N when killed by signal N).
+ExecResult FinishResult(OutputCollector& collector, int wait_status, bool timed_out,
+                        bool cancelled);
 
 }  // namespace sandbox

@@ -38,6 +38,15 @@ class E2BTest : public BrokerFixture {
   std::unique_ptr<FakeE2B> fake_;
 };
 
+TEST_F(E2BTest, ResourcesAreRefusedBecauseTheTemplateDecides) {
+  pb::SessionSpec spec;
+  spec.mutable_resources()->set_memory_bytes(int64_t{2} << 30);
+  auto r = Client("e2b-sized", "token-alpha-123", spec)->Start();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("template"), absl::string_view::npos) << r.status();
+}
+
 TEST_F(E2BTest, RunsCodeOfAnyBytesInEachLanguage) {
   auto sb = Client("e2b-run");
   auto py = sb->Run("s = 'it\\'s \"q\" $HOME `x` \\\\ \u00fc'\nprint(s)\nimport sys; sys.exit(3)");

@@ -129,5 +129,15 @@ TEST(FormatRunResult, ExactlyTheDocumentedKeys) {
             R"j({"output":"hi\n","exitCode":124,"timedOut":true,"truncated":true})j");
 }
 
+TEST(FormatRunResult, AnOomKillIsExplainedInWords) {
+  pb::RunResult r;
+  r.set_output("start\n");
+  r.set_exit_code(137);
+  r.set_oom_killed(true);
+  const std::string text = FormatRunResult(r);
+  EXPECT_NE(text.find(R"j("oomKilled":true)j"), std::string::npos) << text;
+  EXPECT_NE(text.find("ran out of memory"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace sandbox

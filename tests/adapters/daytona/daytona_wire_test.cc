@@ -6,6 +6,16 @@ namespace sandbox {
 namespace daytona {
 namespace {
 
+TEST(DaytonaWire, CreateBodyCarriesResourcesInCpusAndGib) {
+  CreateParams p;
+  p.labels = {{"code-toolbox-language", "python"}};
+  p.cpu = 2;
+  p.memory_gib = 4;
+  p.disk_gib = 10;
+  EXPECT_EQ(CreateSandboxBody(p),
+            R"j({"env":{},"labels":{"code-toolbox-language":"python"},"cpu":2,"memory":4,"disk":10})j");
+}
+
 TEST(DaytonaWire, CreateBodyMatchesTheSdkCapture) {
   CreateParams p;
   p.labels = {{"code-toolbox-language", "python"}};

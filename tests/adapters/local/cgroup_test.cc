@@ -109,12 +109,20 @@ TEST(CgroupFsV1, DetectsPerControllerHierarchiesAndWritesLimits) {
 
   auto fds = cg->CreateChild("s1", "run-7");
   ASSERT_TRUE(fds.ok()) << fds.status();
-  EXPECT_EQ(fds->size(), 4u);  // memory, pids, cpu, cpuacct
+  EXPECT_EQ(fds->size(), 1u);  // runs: pids only
   for (int fd : *fds) close(fd);
+  struct stat st;
+  EXPECT_EQ(stat((root + "/pids/sb/s1/run-7").c_str(), &st), 0);
+  EXPECT_NE(stat((root + "/memory/sb/s1/run-7").c_str(), &st), 0);
+  auto init = cg->CreateChild("s1", "init");
+  ASSERT_TRUE(init.ok());
+  EXPECT_EQ(init->size(), 4u);  // pids/…/init + the sandbox's memory, cpu, cpuacct groups
+  for (int fd : *init) close(fd);
+  mkdir((root + "/memory/sb/s1/run-7").c_str(), 0755);
 
   Write(root + "/memory/sb/s1/memory.usage_in_bytes", "4096\n");
   Write(root + "/cpuacct/sb/s1/cpuacct.usage", "1500000000\n");
-  // v1 counts OOM kills per group: the run's own counter.
+  // v1 counts OOM kills per group: summed over the sandbox's groups.
   Write(root + "/memory/sb/s1/memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n");
   Write(root + "/memory/sb/s1/run-7/memory.oom_control",
         "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n");
