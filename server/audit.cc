@@ -5,22 +5,14 @@
 
 namespace sandbox {
 namespace {
-thread_local std::string* tls_request_id = nullptr;
-const std::string& Empty() {
-  static const std::string* e = new std::string();
-  return *e;
-}
+thread_local std::string tls_request_id;
 }  // namespace
 
-RequestIdScope::RequestIdScope(const std::string& id) {
-  if (tls_request_id == nullptr) tls_request_id = new std::string();
-  saved_ = *tls_request_id;
-  *tls_request_id = id;
+RequestIdScope::RequestIdScope(const std::string& id) : saved_(tls_request_id) {
+  tls_request_id = id;
 }
-RequestIdScope::~RequestIdScope() { *tls_request_id = saved_; }
-const std::string& CurrentRequestId() {
-  return tls_request_id == nullptr ? Empty() : *tls_request_id;
-}
+RequestIdScope::~RequestIdScope() { tls_request_id = saved_; }
+const std::string& CurrentRequestId() { return tls_request_id; }
 
 absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(const std::string& path, Clock* clock) {
   if (path.empty()) return std::unique_ptr<AuditLog>(new AuditLog(stderr, false, clock));

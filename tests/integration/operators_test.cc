@@ -563,8 +563,9 @@ TEST_F(OperatorsTest, AuditTrailCoversEveryEventAndHoldsNoSecrets) {
 
 TEST_F(OperatorsTest, ReloadByRpcSwapsPolicyAndRejectsABrokenFileWhole) {
   Start();
-  ASSERT_TRUE(Run(kAlpha, "a", "x", nullptr, 0, Spec("local")).ok() ||
-              true);  // local is allowed before the reload (it may be slow; not the point)
+  pb::RunResult before;
+  ASSERT_TRUE(Run(kAlpha, "a", "print(6 * 7)", &before, 0, Spec("local")).ok());
+  EXPECT_EQ(before.output(), "42\n");  // local is allowed before the reload
   nlohmann::json next = nlohmann::json::parse(R"({
       "listen": "127.0.0.1:1", "max_output_bytes": 1,
       "auth": {"tokens": {"token-gamma-789": "gamma"}},

@@ -5,7 +5,11 @@
 #include "server/policy.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
 #include "server/audit.h"
 #include "server/auth.h"
 #include "server/config.h"
@@ -264,6 +268,32 @@ TEST(AuditLog, OneJsonObjectPerLineWithTheRequestId) {
   EXPECT_EQ(j["reason"], "idle");
   EXPECT_EQ(lines[0].back(), '\n');
   EXPECT_EQ(nlohmann::json::parse(lines[1])["request_id"], "-");
+}
+
+TEST(AuditLog, AppendsToItsFile) {
+  FakeClock clock;
+  char tmpl[] = "/tmp/sbaudit-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string path = std::string(tmpl) + "/audit.jsonl";
+  for (int i = 0; i < 2; ++i) {  // reopened: appended, not truncated
+    auto log = AuditLog::Open(path, &clock);
+    ASSERT_TRUE(log.ok()) << log.status();
+    AuditEvent e;
+    e.event = absl::StrCat("event.", i);
+    (*log)->Record(e);
+  }
+  std::ifstream in(path);
+  std::string l1, l2, l3;
+  std::getline(in, l1);
+  std::getline(in, l2);
+  EXPECT_FALSE(std::getline(in, l3));
+  EXPECT_EQ(nlohmann::json::parse(l1)["event"], "event.0");
+  EXPECT_EQ(nlohmann::json::parse(l2)["event"], "event.1");
+  unlink(path.c_str());
+  rmdir(tmpl);
+  auto bad = AuditLog::Open("/nonexistent-dir-sb/audit.jsonl", &clock);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().message(), "audit_log.path: cannot open /nonexistent-dir-sb/audit.jsonl");
 }
 
 TEST(Reloader, RestartKeysIgnoreReloadableOnes) {
