@@ -244,15 +244,15 @@ McpHttpResponse McpServer::HandleRequest(const McpHttpRequest& req) {
              : "Bearer realm=\"sandbox-broker\", error=\"invalid_token\""});
     return r;
   }
+  bool sweep = false;
   {
     absl::MutexLock l(&mu_);
     if (clock_->Now() - last_sweep_ >= absl::Seconds(1)) {
       last_sweep_ = clock_->Now();
-      mu_.Unlock();
-      ExpireSessions();
-      mu_.Lock();
+      sweep = true;
     }
   }
+  if (sweep) ExpireSessions();
   if (req.method == "GET") {
     // No server-initiated messages: no standalone stream (both eras allow 405).
     McpHttpResponse r =
