@@ -17,6 +17,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/impl/codegen/client_unary_call.h"
 #include "grpcpp/impl/codegen/sync_stream.h"
+#include "tests/fakes/fake_daytona.h"
 #include "tests/fakes/fake_e2b.h"
 #include "tests/testing/broker_fixture.h"
 #include "tests/testing/test_cert.h"
@@ -322,6 +323,34 @@ TEST_F(OpsTest, HealthProbeFlipsRemoteProviderWhenItsApiFails) {
   server_->ProbeProviders();
   EXPECT_EQ(Health(e2b), "SERVING");
   EXPECT_EQ(Health(), "SERVING");
+  server_.reset();  // before the fake
+}
+
+// Daytona's probe too; as a provider other than the default, its failure
+// leaves "" SERVING.
+TEST_F(OpsTest, HealthProbeFlipsDaytonaButNotTheDefault) {
+  FakeDaytona::Options o;
+  o.api_key = "dtn_probe_key";
+  o.timer_thread = false;
+  auto fake = FakeDaytona::Start(o);
+  ASSERT_TRUE(fake.ok()) << fake.status();
+  nlohmann::json extra = {{"health_probe_interval_seconds", 2},
+                          {"providers",
+                           {{"daytona",
+                             {{"api_key", "dtn_probe_key"}, {"api_url", (*fake)->api_url()}}}}}};
+  StartBroker(extra.dump());
+  const std::string daytona = "sandboxbroker.v1.SandboxBroker/daytona";
+  server_->ProbeProviders();
+  EXPECT_EQ(Health(daytona), "SERVING");
+  (*fake)->faults().fail_next = 1000000;
+  clock_.Advance(absl::Seconds(2));
+  server_->ProbeProviders();
+  EXPECT_EQ(Health(daytona), "NOT_SERVING");
+  EXPECT_EQ(Health(), "SERVING");  // the default (local) still runs code
+  (*fake)->faults().fail_next = 0;
+  clock_.Advance(absl::Seconds(2));
+  server_->ProbeProviders();
+  EXPECT_EQ(Health(daytona), "SERVING");
   server_.reset();  // before the fake
 }
 
