@@ -11,11 +11,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 BUILD_PACKAGES=(build-essential cmake pkg-config ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev nlohmann-json3-dev libcurl4-openssl-dev prometheus-cpp-dev
-  libgtest-dev libgmock-dev libcpp-httplib-dev)
+  libgtest-dev libgmock-dev libcpp-httplib-dev libseccomp-dev)
 # What sandbox-brokerd and sandboxctl load, and what the local provider runs.
 RUNTIME_PACKAGES=(ca-certificates bubblewrap python3 nodejs procps
   libgrpc++1.51 libprotobuf32 libabsl20220623 libcurl4
-  libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0)
+  libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libseccomp2)
 USER_ID=10001  # and its group's gid: one uid:gid everywhere (10001:10001)
 
 apt_install() {
@@ -51,7 +51,7 @@ case "${1:-}" in
     build=${IMAGE_BUILD_DIR:-$src/build-image}
     cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSANDBOX_BROKER_TESTS=OFF \
       -DCMAKE_INSTALL_PREFIX="$prefix" >/dev/null
-    cmake --build "$build" -j"${JOBS:-2}" --target sandbox-brokerd sandboxctl
+    cmake --build "$build" -j"${JOBS:-2}" --target sandbox-brokerd sandboxctl sandbox-init
     cmake --install "$build" --strip
     ;;
   runtime)
