@@ -36,6 +36,30 @@ Fn Real(const char* mangled) {
 
 #define SB_REAL(type, mangled) static const auto real = Real<type>(mangled)
 
+namespace {
+
+// Abseil evaluates a waiter's Condition while it holds the mutex, inside the
+// library (in the waiter's thread or in the thread unlocking). Wrapping the
+// Condition tells TSan the evaluation is inside the critical section.
+struct AnnotatedCondition {
+  const absl::Condition* cond;
+  void* mu;
+  static bool Eval(AnnotatedCondition* self) {
+    __tsan_acquire(self->mu);
+    const bool r = self->cond->Eval();
+    __tsan_release(self->mu);
+    return r;
+  }
+};
+
+}  // namespace
+
+// A Condition that evaluates `c` with the annotations above; `storage` must
+// outlive the call it is passed to.
+#define SB_COND(c, storage)                                        \
+  storage{&(c), this};                                             \
+  const absl::Condition annotated(&AnnotatedCondition::Eval, &storage)
+
 namespace absl {
 ABSL_NAMESPACE_BEGIN
 
@@ -73,62 +97,71 @@ void Mutex::ReaderUnlock() {
 }
 void Mutex::LockWhen(const Condition& c) {
   SB_REAL(void (*)(Mutex*, const Condition&), "_ZN4absl7debian35Mutex8LockWhenERKNS0_9ConditionE");
-  real(this, c);
+  AnnotatedCondition SB_COND(c, storage);
+  real(this, annotated);
   __tsan_acquire(this);
 }
 void Mutex::ReaderLockWhen(const Condition& c) {
   SB_REAL(void (*)(Mutex*, const Condition&),
           "_ZN4absl7debian35Mutex14ReaderLockWhenERKNS0_9ConditionE");
-  real(this, c);
+  AnnotatedCondition SB_COND(c, storage);
+  real(this, annotated);
   __tsan_acquire(this);
 }
 bool Mutex::LockWhenWithTimeout(const Condition& c, absl::Duration d) {
   SB_REAL(bool (*)(Mutex*, const Condition&, absl::Duration),
           "_ZN4absl7debian35Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  const bool r = real(this, c, d);
+  AnnotatedCondition SB_COND(c, storage);
+  const bool r = real(this, annotated, d);
   __tsan_acquire(this);
   return r;
 }
 bool Mutex::LockWhenWithDeadline(const Condition& c, absl::Time t) {
   SB_REAL(bool (*)(Mutex*, const Condition&, absl::Time),
           "_ZN4absl7debian35Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  const bool r = real(this, c, t);
+  AnnotatedCondition SB_COND(c, storage);
+  const bool r = real(this, annotated, t);
   __tsan_acquire(this);
   return r;
 }
 bool Mutex::ReaderLockWhenWithTimeout(const Condition& c, absl::Duration d) {
   SB_REAL(bool (*)(Mutex*, const Condition&, absl::Duration),
           "_ZN4absl7debian35Mutex25ReaderLockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  const bool r = real(this, c, d);
+  AnnotatedCondition SB_COND(c, storage);
+  const bool r = real(this, annotated, d);
   __tsan_acquire(this);
   return r;
 }
 bool Mutex::ReaderLockWhenWithDeadline(const Condition& c, absl::Time t) {
   SB_REAL(bool (*)(Mutex*, const Condition&, absl::Time),
           "_ZN4absl7debian35Mutex26ReaderLockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  const bool r = real(this, c, t);
+  AnnotatedCondition SB_COND(c, storage);
+  const bool r = real(this, annotated, t);
   __tsan_acquire(this);
   return r;
 }
 void Mutex::Await(const Condition& c) {
   SB_REAL(void (*)(Mutex*, const Condition&), "_ZN4absl7debian35Mutex5AwaitERKNS0_9ConditionE");
+  AnnotatedCondition SB_COND(c, storage);
   __tsan_release(this);
-  real(this, c);
+  real(this, annotated);
   __tsan_acquire(this);
 }
 bool Mutex::AwaitWithTimeout(const Condition& c, absl::Duration d) {
   SB_REAL(bool (*)(Mutex*, const Condition&, absl::Duration),
           "_ZN4absl7debian35Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
+  AnnotatedCondition SB_COND(c, storage);
   __tsan_release(this);
-  const bool r = real(this, c, d);
+  const bool r = real(this, annotated, d);
   __tsan_acquire(this);
   return r;
 }
 bool Mutex::AwaitWithDeadline(const Condition& c, absl::Time t) {
   SB_REAL(bool (*)(Mutex*, const Condition&, absl::Time),
           "_ZN4absl7debian35Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+  AnnotatedCondition SB_COND(c, storage);
   __tsan_release(this);
-  const bool r = real(this, c, t);
+  const bool r = real(this, annotated, t);
   __tsan_acquire(this);
   return r;
 }
