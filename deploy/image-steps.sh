@@ -15,7 +15,8 @@ BUILD_PACKAGES=(build-essential cmake pkg-config ca-certificates
 # What sandbox-brokerd and sandboxctl load, and what the local provider runs.
 RUNTIME_PACKAGES=(ca-certificates bubblewrap python3 nodejs procps
   libgrpc++1.51 libprotobuf32 libabsl20220623 libcurl4
-  libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libseccomp2)
+  libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libseccomp2 libcpp-httplib0.11
+  libsqlite3-0)
 USER_ID=10001  # and its group's gid: one uid:gid everywhere (10001:10001)
 
 apt_install() {
