@@ -1,6 +1,8 @@
 #include "server/broker_core.h"
 
 #include "absl/strings/escaping.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -174,6 +176,7 @@ void BrokerCore::ToInfo(const SessionView& v, pb::SessionInfo* info) const {
   info->set_template_(v.template_name);
   info->mutable_labels()->insert(v.labels.begin(), v.labels.end());
   info->set_calls_in_flight(v.calls_in_flight);
+  info->set_generation(v.generation);
 }
 
 absl::StatusOr<pb::SessionInfo> BrokerCore::StartSession(const CallContext& ctx,
@@ -191,6 +194,7 @@ absl::StatusOr<pb::CloseSessionResponse> BrokerCore::CloseSession(
     const CallContext& ctx, const pb::CloseSessionRequest& req) {
   RETURN_IF_ERROR(ValidateSessionId(req.session_id()));
   ASSIGN_OR_RETURN(bool existed, sessions_->Close(ctx.tenant, req.session_id()));
+  if (runs_ != nullptr) runs_->ForgetSession(ctx.tenant, req.session_id());
   pb::CloseSessionResponse resp;
   resp.set_existed(existed);
   return resp;
@@ -270,16 +274,47 @@ absl::StatusOr<pb::RunResult> BrokerCore::Exec(
   return out;
 }
 
+absl::StatusOr<pb::RunResult> BrokerCore::Once(
+    const CallContext& ctx, const std::string& session_id, const std::string& run_id,
+    const google::protobuf::Message& req,
+    const std::function<absl::StatusOr<pb::RunResult>()>& fn) {
+  if (run_id.empty() || runs_ == nullptr) return fn();
+  RETURN_IF_ERROR(ValidateRunId(run_id, "run_id"));
+  RETURN_IF_ERROR(ValidateSessionId(session_id));
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream out(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&out);
+    coded.SetSerializationDeterministic(true);
+    req.SerializeToCodedStream(&coded);
+  }
+  ASSIGN_OR_RETURN(std::string stored,
+                   runs_->Do(ctx.tenant, session_id, run_id,
+                             absl::StrCat(req.GetDescriptor()->name(), ":", StableHash(bytes)),
+                             [&]() -> absl::StatusOr<std::string> {
+                               ASSIGN_OR_RETURN(pb::RunResult r, fn());
+                               return r.SerializeAsString();
+                             }));
+  pb::RunResult r;
+  if (!r.ParseFromString(stored)) return absl::InternalError("run_id: stored result unreadable");
+  return r;
+}
+
 absl::StatusOr<pb::RunResult> BrokerCore::Run(const CallContext& ctx, const pb::RunRequest& req) {
   ASSIGN_OR_RETURN(Language lang, ToLanguage(req.language()));
-  return Exec(ctx, req.session_id(), req.spec(), lang, req.language() != pb::LANGUAGE_UNSPECIFIED,
-              req.code(), req.timeout_seconds(), req.env());
+  return Once(ctx, req.session_id(), req.run_id(), req, [&] {
+    return Exec(ctx, req.session_id(), req.spec(), lang,
+                req.language() != pb::LANGUAGE_UNSPECIFIED, req.code(), req.timeout_seconds(),
+                req.env());
+  });
 }
 
 absl::StatusOr<pb::RunResult> BrokerCore::Shell(const CallContext& ctx,
                                                 const pb::ShellRequest& req) {
-  return Exec(ctx, req.session_id(), req.spec(), Language::kShell, true, req.command(),
-              req.timeout_seconds(), req.env());
+  return Once(ctx, req.session_id(), req.run_id(), req, [&] {
+    return Exec(ctx, req.session_id(), req.spec(), Language::kShell, true, req.command(),
+                req.timeout_seconds(), req.env());
+  });
 }
 
 absl::StatusOr<pb::WriteFileResponse> BrokerCore::WriteFile(const CallContext& ctx,
@@ -329,9 +364,23 @@ absl::StatusOr<pb::RunResult> BrokerCore::RunStream(
     const CallContext& ctx, const pb::RunRequest& req,
     const std::function<void(OutputStream, absl::string_view)>& on_chunk) {
   ASSIGN_OR_RETURN(Language lang, ToLanguage(req.language()));
-  ASSIGN_OR_RETURN(pb::RunResult r, Exec(ctx, req.session_id(), req.spec(), lang,
-                                         req.language() != pb::LANGUAGE_UNSPECIFIED, req.code(),
-                                         req.timeout_seconds(), req.env(), on_chunk));
+  if (req.run_id().empty() || runs_ == nullptr) {
+    ASSIGN_OR_RETURN(pb::RunResult r, Exec(ctx, req.session_id(), req.spec(), lang,
+                                           req.language() != pb::LANGUAGE_UNSPECIFIED, req.code(),
+                                           req.timeout_seconds(), req.env(), on_chunk));
+    r.clear_output();
+    return r;
+  }
+  // With a run_id the first attempt streams live and its output is kept; a
+  // retry gets the kept output as one stdout chunk.
+  bool live = false;
+  ASSIGN_OR_RETURN(pb::RunResult r, Once(ctx, req.session_id(), req.run_id(), req, [&] {
+                     live = true;
+                     return Exec(ctx, req.session_id(), req.spec(), lang,
+                                 req.language() != pb::LANGUAGE_UNSPECIFIED, req.code(),
+                                 req.timeout_seconds(), req.env(), on_chunk);
+                   }));
+  if (!live && !r.output().empty()) on_chunk(OutputStream::kStdout, r.output());
   r.clear_output();
   return r;
 }
@@ -406,7 +455,17 @@ absl::StatusOr<pb::CallToolResponse> BrokerCore::CallTool(const CallContext& ctx
       run.set_language(name->op == ToolOp::kShell ? pb::LANGUAGE_SHELL : args->language);
       run.set_timeout_seconds(args->timeout_seconds);
       *run.mutable_spec() = spec;
+      if (!req.call_id().empty()) {
+        // The model's tool-call id: a retried tool call runs once.
+        RETURN_IF_ERROR(ValidateRunId(req.call_id(), "call_id"));
+        run.set_run_id(absl::StrCat("call:", req.call_id()).substr(0, 128));
+      }
       absl::StatusOr<pb::RunResult> r = Run(ctx, run);
+      if (!r.ok() && !req.call_id().empty() &&
+          (r.status().code() == absl::StatusCode::kAborted ||
+           r.status().code() == absl::StatusCode::kAlreadyExists)) {
+        return r.status();  // the platform's retry, not the model's mistake
+      }
       if (!r.ok()) return tool_error(r.status());
       resp.set_content(FormatRunResult(*r));
       return resp;

@@ -6,6 +6,7 @@
 #include "absl/status/statusor.h"
 #include "sandboxbroker/v1/broker.pb.h"
 #include "server/config.h"
+#include "server/run_ledger.h"
 #include "server/session_manager.h"
 #include "server/tools.h"
 
@@ -59,7 +60,16 @@ class BrokerCore {
   absl::StatusOr<pb::CallToolResponse> CallTool(const CallContext& ctx,
                                                 const pb::CallToolRequest& req);
 
+  // Retry-safe runs (run_id / call_id); without a ledger those ids are
+  // accepted and ignored. Not owned; set before serving.
+  void SetRunLedger(RunLedger* runs) { runs_ = runs; }
+
  private:
+  // Run/Shell through the ledger when the request carries a run_id.
+  absl::StatusOr<pb::RunResult> Once(const CallContext& ctx, const std::string& session_id,
+                                     const std::string& run_id,
+                                     const google::protobuf::Message& req,
+                                     const std::function<absl::StatusOr<pb::RunResult>()>& fn);
   absl::StatusOr<pb::RunResult> Exec(
       const CallContext& ctx, const std::string& session_id, const pb::SessionSpec& spec,
       Language language, bool language_given, const std::string& code, int32_t timeout_seconds,
@@ -78,6 +88,7 @@ class BrokerCore {
   SessionManager* const sessions_;
   Clock* const clock_;
   Metrics* const metrics_;
+  RunLedger* runs_ = nullptr;
 };
 
 // 1-128 characters of [A-Za-z0-9._:-].

@@ -14,6 +14,8 @@
 #include "server/config.h"
 #include "server/grpc_service.h"
 #include "server/metrics.h"
+#include "server/run_ledger.h"
+#include "server/session_store.h"
 #include "server/session_manager.h"
 
 namespace sandbox {
@@ -30,6 +32,8 @@ class BrokerServer {
     // Run the reaper on its own thread every reap_interval_seconds. Tests
     // turn it off and call sessions()->RunOnce().
     bool reaper_thread = true;
+    // A store to use instead of the one config.state names (not owned).
+    SessionStore* store = nullptr;
   };
 
   static absl::StatusOr<std::unique_ptr<BrokerServer>> Start(
@@ -48,6 +52,8 @@ class BrokerServer {
   void Drain();
   std::string address() const;
   SessionManager* sessions() { return sessions_.get(); }
+  SessionStore* store() { return store_; }
+  RunLedger* runs() { return runs_.get(); }
 
   // Stops accepting calls, waits up to `grace` for running ones, then closes
   // every session. Idempotent.
@@ -62,6 +68,10 @@ class BrokerServer {
   BrokerConfig config_;
   Clock* clock_ = nullptr;
   std::unique_ptr<ProviderRegistry> providers_;
+  // Declared before the session table: they outlive it.
+  std::unique_ptr<SessionStore> owned_store_;
+  SessionStore* store_ = nullptr;
+  std::unique_ptr<RunLedger> runs_;
   std::unique_ptr<SessionManager> sessions_;
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<BrokerCore> core_;

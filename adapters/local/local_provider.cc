@@ -1,5 +1,6 @@
 #include "adapters/local/local_provider.h"
 
+#include <dirent.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <set>
+#include <sstream>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/ascii.h"
@@ -88,6 +90,48 @@ absl::Status MakeDirs(const std::string& path, mode_t mode) {
   // Sandbox uids must be able to traverse to their workspace.
   chmod(path.c_str(), mode);
   return absl::OkStatus();
+}
+
+// ---- durable sessions: the owner marker beside each workspace ------------
+// <workspace_root>/<sandbox id>.owner (JSON: deployment_id, attempt_id,
+// tenant, session_id, created_at) tags a workspace with the deployment and
+// create attempt that made it. Written before the workspace exists, removed
+// after it is gone, so a crash at any point leaves it findable.
+
+std::string OwnerMarkerPath(const std::string& workspace) { return workspace + ".owner"; }
+
+absl::Status WriteOwnerMarker(const std::string& workspace, const SandboxSpec& spec) {
+  nlohmann::json j = {{"deployment_id", spec.deployment_id},
+                      {"attempt_id", spec.attempt_id},
+                      {"tenant", spec.tenant},
+                      {"session_id", spec.session_id},
+                      {"created_at", absl::ToUnixSeconds(absl::Now())}};
+  const std::string path = OwnerMarkerPath(workspace);
+  const std::string tmp = path + ".new";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << j.dump();
+    if (!out.flush()) {
+      return absl::InternalError(absl::StrCat("local: cannot write ", tmp));
+    }
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("local: cannot write ", path, ": ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+void RemoveOwnerMarker(const std::string& workspace) {
+  unlink(OwnerMarkerPath(workspace).c_str());
+}
+
+// A sandbox id this provider makes: "local-" and hex (never a path).
+bool IsLocalSandboxId(const std::string& id) {
+  if (!absl::StartsWith(id, "local-") || id.size() == 6 || id.size() > 64) return false;
+  for (char c : id.substr(6)) {
+    if (!absl::ascii_isxdigit(c)) return false;
+  }
+  return true;
 }
 
 class LocalSandbox final : public Sandbox {
@@ -202,28 +246,39 @@ class LocalSandbox final : public Sandbox {
   }
 
   absl::Status Destroy() override {
-    {
-      absl::MutexLock l(&mu_);
-      if (destroyed_) return absl::OkStatus();
-      destroyed_ = true;
-      for (pid_t pid : pids_) kill(-pid, SIGKILL);
-      // Runs reap their own children; wait until every one has.
-      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return running_ == 0 && starting_ == 0;
-      };
-      mu_.Await(absl::Condition(&idle));
-    }
+    if (!Stop()) return absl::OkStatus();
     absl::Status s = RemoveTree(workspace_);
     if (!tmp_dir_.empty()) {
       absl::Status t = RemoveTree(tmp_dir_);
       if (s.ok()) s = t;
     }
+    if (s.ok()) RemoveOwnerMarker(workspace_);  // last: a crash before leaves it findable
     if (uid_ >= 0 && uids_) uids_->Release(uid_);
     Log(LogLevel::kDebug, "local.sandbox_destroyed", {{"sandbox_id", id_}});
     return s;
   }
 
+  // Graceful restart: running processes die, the workspace stays on disk
+  // for LocalProvider::Attach in the next process.
+  void Detach() override {
+    if (Stop() && uid_ >= 0 && uids_) uids_->Release(uid_);
+  }
+
  private:
+  // Kills what runs and waits for it; false if already stopped.
+  bool Stop() {
+    absl::MutexLock l(&mu_);
+    if (destroyed_) return false;
+    destroyed_ = true;
+    for (pid_t pid : pids_) kill(-pid, SIGKILL);
+    // Runs reap their own children; wait until every one has.
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return running_ == 0 && starting_ == 0;
+    };
+    mu_.Await(absl::Condition(&idle));
+    return true;
+  }
+
   // /tmp paths go to the persistent /tmp when the sandbox has one.
   const WorkspaceFs& FsFor(absl::string_view path) const {
     if (!tmp_dir_.empty() && (path == "/tmp" || absl::StartsWith(path, "/tmp/"))) return tmp_fs_;
@@ -452,14 +507,18 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Create(const SandboxSpec
   }
   std::string id = absl::StrCat("local-", RandomHex(12));
   std::string ws = absl::StrCat(config_.workspace_root, "/", id);
+  if (!spec.deployment_id.empty()) RETURN_IF_ERROR(WriteOwnerMarker(ws, spec));
   int uid = -1;
   if (uids_) {
-    ASSIGN_OR_RETURN(uid, uids_->Acquire());
+    absl::StatusOr<int> u = uids_->Acquire();
+    if (!u.ok()) RemoveOwnerMarker(ws);
+    ASSIGN_OR_RETURN(uid, std::move(u));
   }
   if (mkdir(ws.c_str(), 0700) != 0 ||
       (uid >= 0 && chown(ws.c_str(), static_cast<uid_t>(uid), static_cast<gid_t>(uid)) != 0)) {
     int err = errno;
     rmdir(ws.c_str());
+    RemoveOwnerMarker(ws);
     if (uid >= 0) uids_->Release(uid);
     return absl::InternalError(absl::StrCat("local: create workspace: ", strerror(err)));
   }
@@ -471,12 +530,83 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Create(const SandboxSpec
       int err = errno;
       (void)RemoveTree(ws);
       (void)RemoveTree(tmp);
+      RemoveOwnerMarker(ws);
       if (uid >= 0) uids_->Release(uid);
       return absl::InternalError(absl::StrCat("local: create tmp: ", strerror(err)));
     }
   }
   return std::unique_ptr<Sandbox>(
       new LocalSandbox(this, uids_, std::move(id), std::move(ws), std::move(tmp), uid, spec));
+}
+
+// ---- durable sessions ------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Attach(const std::string& sandbox_id,
+                                                               const SandboxSpec& spec) {
+  if (!IsLocalSandboxId(sandbox_id)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local: \"", sandbox_id, "\" is not a local sandbox id"));
+  }
+  std::string ws = absl::StrCat(config_.workspace_root, "/", sandbox_id);
+  struct stat st;
+  if (lstat(ws.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    if (access(OwnerMarkerPath(ws).c_str(), F_OK) == 0) {
+      // A create that died before its workspace existed: only the marker.
+      RemoveOwnerMarker(ws);
+    }
+    return SandboxGoneError(absl::StrCat("local: workspace of ", sandbox_id, " is gone"));
+  }
+  int uid = -1;
+  if (uids_) {
+    ASSIGN_OR_RETURN(uid, uids_->Acquire());
+    // A new process may hand out another uid: the workspace follows it.
+    const std::string cmd = absl::StrCat("chown -R ", uid, ":", uid, " '", ws, "'");
+    if (system(cmd.c_str()) != 0) {
+      uids_->Release(uid);
+      return absl::InternalError(absl::StrCat("local: cannot chown ", ws));
+    }
+  }
+  std::string tmp;
+  if (config_.persistent_tmp) {
+    tmp = absl::StrCat(ws, ".tmp");
+    mkdir(tmp.c_str(), 01777);
+    chmod(tmp.c_str(), 01777);
+    if (uid >= 0) (void)!chown(tmp.c_str(), static_cast<uid_t>(uid), static_cast<gid_t>(uid));
+  }
+  return std::unique_ptr<Sandbox>(
+      new LocalSandbox(this, uids_, sandbox_id, std::move(ws), std::move(tmp), uid, spec));
+}
+
+absl::StatusOr<std::vector<OwnedSandbox>> LocalProvider::ListOwned(
+    const std::string& deployment_id) {
+  std::vector<OwnedSandbox> out;
+  DIR* dir = opendir(config_.workspace_root.c_str());
+  if (dir == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("local: cannot list ", config_.workspace_root, ": ", strerror(errno)));
+  }
+  while (struct dirent* e = readdir(dir)) {
+    const std::string name = e->d_name;
+    if (!absl::EndsWith(name, ".owner")) continue;
+    const std::string id = name.substr(0, name.size() - 6);
+    if (!IsLocalSandboxId(id)) continue;
+    std::ifstream in(absl::StrCat(config_.workspace_root, "/", name));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+    if (!j.is_object() || j.value("deployment_id", "") != deployment_id) continue;
+    OwnedSandbox o;
+    o.sandbox_id = id;
+    o.attempt_id = j.value("attempt_id", "");
+    o.tenant = j.value("tenant", "");
+    o.session_id = j.value("session_id", "");
+    if (j.contains("created_at") && j["created_at"].is_number_integer()) {
+      o.created_at = absl::FromUnixSeconds(j["created_at"].get<int64_t>());
+    }
+    out.push_back(std::move(o));
+  }
+  closedir(dir);
+  return out;
 }
 
 }  // namespace sandbox

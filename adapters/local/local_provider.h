@@ -62,6 +62,13 @@ class LocalProvider final : public Provider {
 
   absl::string_view name() const override { return "local"; }
   absl::StatusOr<std::unique_ptr<Sandbox>> Create(const SandboxSpec& spec) override;
+  // Durable sessions: a sandbox on the workspace <workspace_root>/<id> left
+  // by an earlier process (processes that ran in it died with that process;
+  // its files remain), and the workspaces whose <id>.owner marker names
+  // `deployment_id`. Untagged workspaces are never listed.
+  absl::StatusOr<std::unique_ptr<Sandbox>> Attach(const std::string& sandbox_id,
+                                                  const SandboxSpec& spec) override;
+  absl::StatusOr<std::vector<OwnedSandbox>> ListOwned(const std::string& deployment_id) override;
 
   // Arguments that wrap `command` in the sandbox (bwrap options included);
   // exposed for benchmarks that run the same invocation without the broker.
