@@ -42,6 +42,11 @@ class MemoryStore final : public SessionStore {
     sessions_[{r.tenant, r.session_id}] = r;
     return absl::OkStatus();
   }
+  absl::Status PutSessions(const std::vector<SessionRecord>& records) override {
+    absl::MutexLock l(&mu_);
+    for (const SessionRecord& r : records) sessions_[{r.tenant, r.session_id}] = r;
+    return absl::OkStatus();
+  }
   absl::Status DeleteSession(const std::string& tenant, const std::string& id) override {
     absl::MutexLock l(&mu_);
     sessions_.erase({tenant, id});

@@ -83,6 +83,8 @@ class SessionStore {
   virtual absl::StatusOr<std::vector<SessionRecord>> LoadSessions() = 0;
   // Insert or replace by (tenant, session_id).
   virtual absl::Status PutSession(const SessionRecord& record) = 0;
+  // Many at once, in one transaction (imports, bulk recovery).
+  virtual absl::Status PutSessions(const std::vector<SessionRecord>& records) = 0;
   // Deletes the session and its runs. Deleting a missing row is OK.
   virtual absl::Status DeleteSession(const std::string& tenant, const std::string& session_id) = 0;
   // Lazily flushed activity: one transaction for many sessions.

@@ -170,6 +170,22 @@ class SqliteStore final : public SessionStore {
 
   absl::Status PutSession(const SessionRecord& r) override {
     absl::MutexLock l(&mu_);
+    return PutLocked(r);
+  }
+
+  absl::Status PutSessions(const std::vector<SessionRecord>& records) override {
+    absl::MutexLock l(&mu_);
+    RETURN_IF_ERROR(ExecLocked("BEGIN IMMEDIATE"));
+    for (const SessionRecord& r : records) {
+      if (absl::Status s = PutLocked(r); !s.ok()) {
+        (void)ExecLocked("ROLLBACK");
+        return s;
+      }
+    }
+    return ExecLocked("COMMIT");
+  }
+
+  absl::Status PutLocked(const SessionRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Stmt s(db_,
            "INSERT OR REPLACE INTO sessions(tenant, session_id, provider, attempt_id, sandbox_id,"
            " state, generation, spec_json, created_at_us, last_active_us, version)"
