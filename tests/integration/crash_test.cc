@@ -128,7 +128,7 @@ class CrashTest : public ::testing::TestWithParam<std::string> {
       std::string o = ReadAll(fake_->out());
       auto at = o.find("listening on 127.0.0.1:");
       if (at == std::string::npos || o.find('\n', at) == std::string::npos) return false;
-      port = o.substr(at + 24, o.find('\n', at) - at - 24);
+      port = o.substr(at + 23, o.find('\n', at) - at - 23);
       return true;
     })) << ReadAll(fake_->err());
     fake_url_ = absl::StrCat("http://127.0.0.1:", port);
@@ -192,6 +192,13 @@ class CrashTest : public ::testing::TestWithParam<std::string> {
     r.set_contents(data);
     pb::WriteFileResponse resp;
     return stub_->WriteFile(Ctx().get(), r, &resp);
+  }
+  ::testing::AssertionResult WriteOk(const std::string& session, const std::string& path,
+                                     const std::string& data) {
+    grpc::Status s = Write(session, path, data);
+    if (s.ok()) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << s.error_code() << ": " << s.error_message() << "\n"
+                                         << BrokerLog();
   }
   // The file's contents, "<missing>" or "<error: ...>".
   std::string Read(const std::string& session, const std::string& path) {
@@ -297,7 +304,7 @@ TEST_P(CrashTest, SessionsAndFilesComeBackAfterKill9) {
   StartBroker();
   std::map<std::string, std::string> ids;
   for (const char* s : {"a", "b", "c"}) {
-    ASSERT_TRUE(Write(s, "note.txt", absl::StrCat("from ", s)).ok());
+    ASSERT_TRUE(WriteOk(s, "note.txt", absl::StrCat("from ", s)));
     ids[s] = Info(s)->sandbox_id();
   }
   EXPECT_EQ(Live(), 3);
@@ -320,7 +327,7 @@ TEST_P(CrashTest, SessionsAndFilesComeBackAfterKill9) {
 // SIGTERM with a durable store keeps the sandboxes for the next start.
 TEST_P(CrashTest, GracefulRestartKeepsSandboxes) {
   StartBroker();
-  ASSERT_TRUE(Write("g", "f.txt", "kept").ok());
+  ASSERT_TRUE(WriteOk("g", "f.txt", "kept"));
   const std::string id = Info("g")->sandbox_id();
   EXPECT_EQ(WEXITSTATUS(broker_->Term()), 0);
   EXPECT_EQ(Live(), 1);
@@ -340,7 +347,7 @@ TEST_P(CrashTest, GracefulRestartKeepsSandboxes) {
 // with the same run_id is ABORTED, never run again; files survive.
 TEST_P(CrashTest, KilledMidRunRetryIsAbortedFilesSurvive) {
   StartBroker();
-  ASSERT_TRUE(Write("r", "f.txt", "before").ok());
+  ASSERT_TRUE(WriteOk("r", "f.txt", "before"));
   const std::string id = Info("r")->sandbox_id();
   const std::string cmd = "echo x >> runs.txt; sleep 30";
   std::thread run([&] {
@@ -387,7 +394,7 @@ TEST_P(CrashTest, KilledAfterIntentWrite) {
   Faults({{"drop_next", 0}});
   EXPECT_EQ(Stats()["creates"], 0);
   StartBroker();
-  ASSERT_TRUE(Write("i", "f.txt", "x").ok());
+  ASSERT_TRUE(WriteOk("i", "f.txt", "x"));
   EXPECT_EQ(Read("i", "f.txt"), "x");
   EXPECT_EQ(Info("i")->generation(), 1);
   EXPECT_EQ(Stats()["creates"], 1);
@@ -406,7 +413,7 @@ TEST_P(CrashTest, KilledBetweenCreateAndReadyWrite) {
   call.join();
   Faults({{"create_latency_ms", 0}});
   StartBroker();
-  ASSERT_TRUE(Write("w", "f.txt", "x").ok()) << BrokerLog();
+  ASSERT_TRUE(WriteOk("w", "f.txt", "x"));
   EXPECT_EQ(Stats()["creates"], 1);  // adopted, not created again
   EXPECT_EQ(Live(), 1);
   // And stays that way past the orphan grace.
@@ -420,7 +427,7 @@ TEST_P(CrashTest, KilledBetweenCreateAndReadyWrite) {
 TEST_P(CrashTest, KilledMidClose) {
   if (provider_ == "local") GTEST_SKIP() << "no window to widen without a fake";
   StartBroker();
-  ASSERT_TRUE(Write("c", "f.txt", "x").ok());
+  ASSERT_TRUE(WriteOk("c", "f.txt", "x"));
   const int64_t before = Stats()["requests"];
   Faults({{"latency_ms", 1500}, {"drop_next", 1}});  // the delete sleeps, then is dropped
   std::thread call([&] { EXPECT_FALSE(Close("c").ok()); });
@@ -432,8 +439,11 @@ TEST_P(CrashTest, KilledMidClose) {
   Faults({{"drop_next", 0}});
   EXPECT_EQ(Live(), 1);  // the provider never got the delete
   StartBroker();
-  EXPECT_TRUE(WaitFor([&] { return Live() == 0; })) << BrokerLog();
-  EXPECT_EQ(Info("c").status().code(), absl::StatusCode::kNotFound);
+  // The session shows CLOSING until the destroy is done, then is gone.
+  EXPECT_TRUE(WaitFor([&] {
+    return Live() == 0 && Info("c").status().code() == absl::StatusCode::kNotFound;
+  })) << BrokerLog();
+  EXPECT_EQ(Stats()["deletes"], 1);
 }
 
 // Orphans (tagged with this deployment, owned by no session) are destroyed
@@ -487,7 +497,7 @@ TEST_P(CrashTest, OrphanSweepSurvivesAKillAndSparesOthers) {
     EXPECT_NE(stat((ws_ + "/" + own1 + ".owner").c_str(), &st), 0);  // marker gone too
   }
   // A session's own sandbox is never swept.
-  ASSERT_TRUE(Write("kept", "f.txt", "x").ok());
+  ASSERT_TRUE(WriteOk("kept", "f.txt", "x"));
   absl::SleepFor(absl::Seconds(3));
   EXPECT_EQ(Read("kept", "f.txt"), "x");
   EXPECT_EQ(Live(), 3);  // other + untagged + the session's
