@@ -9,6 +9,7 @@ PACKAGES=(
   libabsl-dev nlohmann-json3-dev libcurl4-openssl-dev
   libgtest-dev libgmock-dev libcpp-httplib-dev
   bubblewrap python3 python3-grpcio python3-yaml openssl prometheus-cpp-dev
+  libsqlite3-dev
 )
 # The local provider runs node; keep a node that is already there (it may be
 # newer than Debian's), else take Debian's.

@@ -93,12 +93,15 @@ absl::Status MakeDirs(const std::string& path, mode_t mode) {
 }
 
 // ---- durable sessions: the owner marker beside each workspace ------------
-// <workspace_root>/<sandbox id>.owner (JSON: deployment_id, attempt_id,
+// <workspace_root>/.owners/<sandbox id> (JSON: deployment_id, attempt_id,
 // tenant, session_id, created_at) tags a workspace with the deployment and
 // create attempt that made it. Written before the workspace exists, removed
 // after it is gone, so a crash at any point leaves it findable.
 
-std::string OwnerMarkerPath(const std::string& workspace) { return workspace + ".owner"; }
+std::string OwnerMarkerPath(const std::string& workspace) {
+  const size_t slash = workspace.rfind('/');
+  return absl::StrCat(workspace.substr(0, slash), "/.owners", workspace.substr(slash));
+}
 
 absl::Status WriteOwnerMarker(const std::string& workspace, const SandboxSpec& spec) {
   nlohmann::json j = {{"deployment_id", spec.deployment_id},
@@ -107,6 +110,7 @@ absl::Status WriteOwnerMarker(const std::string& workspace, const SandboxSpec& s
                       {"session_id", spec.session_id},
                       {"created_at", absl::ToUnixSeconds(absl::Now())}};
   const std::string path = OwnerMarkerPath(workspace);
+  mkdir(path.substr(0, path.rfind('/')).c_str(), 0700);
   const std::string tmp = path + ".new";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -580,17 +584,17 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Attach(const std::string
 absl::StatusOr<std::vector<OwnedSandbox>> LocalProvider::ListOwned(
     const std::string& deployment_id) {
   std::vector<OwnedSandbox> out;
-  DIR* dir = opendir(config_.workspace_root.c_str());
+  const std::string owners = absl::StrCat(config_.workspace_root, "/.owners");
+  DIR* dir = opendir(owners.c_str());
   if (dir == nullptr) {
+    if (errno == ENOENT) return out;  // nothing was ever tagged here
     return absl::UnavailableError(
-        absl::StrCat("local: cannot list ", config_.workspace_root, ": ", strerror(errno)));
+        absl::StrCat("local: cannot list ", owners, ": ", strerror(errno)));
   }
   while (struct dirent* e = readdir(dir)) {
-    const std::string name = e->d_name;
-    if (!absl::EndsWith(name, ".owner")) continue;
-    const std::string id = name.substr(0, name.size() - 6);
+    const std::string id = e->d_name;
     if (!IsLocalSandboxId(id)) continue;
-    std::ifstream in(absl::StrCat(config_.workspace_root, "/", name));
+    std::ifstream in(absl::StrCat(owners, "/", id));
     std::stringstream ss;
     ss << in.rdbuf();
     nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);

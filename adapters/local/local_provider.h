@@ -64,7 +64,8 @@ class LocalProvider final : public Provider {
   absl::StatusOr<std::unique_ptr<Sandbox>> Create(const SandboxSpec& spec) override;
   // Durable sessions: a sandbox on the workspace <workspace_root>/<id> left
   // by an earlier process (processes that ran in it died with that process;
-  // its files remain), and the workspaces whose <id>.owner marker names
+  // its files remain), and the workspaces whose marker
+  // (<workspace_root>/.owners/<id>) names
   // `deployment_id`. Untagged workspaces are never listed.
   absl::StatusOr<std::unique_ptr<Sandbox>> Attach(const std::string& sandbox_id,
                                                   const SandboxSpec& spec) override;

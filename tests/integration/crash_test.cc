@@ -457,7 +457,8 @@ TEST_P(CrashTest, OrphanSweepSurvivesAKillAndSparesOthers) {
       mkdir((ws_ + "/" + id).c_str(), 0700);
       std::ofstream(ws_ + "/" + id + "/data") << "x";
       if (!dep.empty()) {
-        std::ofstream(ws_ + "/" + id + ".owner")
+        mkdir((ws_ + "/.owners").c_str(), 0700);
+        std::ofstream(ws_ + "/.owners/" + id)
             << json({{"deployment_id", dep}, {"attempt_id", "lost"}, {"created_at", 1}}).dump();
       }
       return id;
@@ -494,7 +495,8 @@ TEST_P(CrashTest, OrphanSweepSurvivesAKillAndSparesOthers) {
   EXPECT_TRUE(exists(untagged));
   if (provider_ == "local") {
     struct stat st;
-    EXPECT_NE(stat((ws_ + "/" + own1 + ".owner").c_str(), &st), 0);  // marker gone too
+    EXPECT_NE(stat((ws_ + "/.owners/" + own1).c_str(), &st), 0);  // marker gone too
+    EXPECT_EQ(stat((ws_ + "/.owners/" + other).c_str(), &st), 0);
   }
   // A session's own sandbox is never swept.
   ASSERT_TRUE(WriteOk("kept", "f.txt", "x"));

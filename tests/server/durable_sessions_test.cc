@@ -484,7 +484,7 @@ TEST_F(RunLedgerTest, ErrorsFromBeforeTheRunAreNotRemembered) {
   EXPECT_EQ(ran_, 3);
 }
 
-TEST(RunIdTest, Validation) {
+TEST(RunIdValidationTest, IdsAndHashes) {
   EXPECT_TRUE(ValidateRunId("call_abc-1.2:3", "run_id").ok());
   EXPECT_FALSE(ValidateRunId("", "run_id").ok());
   EXPECT_FALSE(ValidateRunId(std::string(129, 'a'), "run_id").ok());
