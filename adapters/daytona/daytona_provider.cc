@@ -457,18 +457,9 @@ absl::StatusOr<std::vector<OwnedSandbox>> DaytonaProvider::ListOwned(
       if (l[kDeploymentTag] != deployment_id) continue;  // never another deployment's
       const std::string state = item.value("state", "");
       if (state == "destroyed" || state == "destroying") continue;
-      OwnedSandbox o;
-      o.sandbox_id = item["id"].get<std::string>();
-      o.attempt_id = l[kAttemptTag];
-      o.tenant = l["sandbox-broker.tenant"];
-      o.session_id = l["sandbox-broker.session-id"];
-      if (item.contains("createdAt") && item["createdAt"].is_string()) {
-        absl::Time t;
-        std::string err;
-        if (absl::ParseTime(absl::RFC3339_full, item["createdAt"].get<std::string>(), &t, &err)) {
-          o.created_at = t;
-        }
-      }
+      const std::string created =
+          item.contains("createdAt") && item["createdAt"].is_string() ? item["createdAt"] : "";
+      OwnedSandbox o = OwnedFromTags(item["id"].get<std::string>(), l, created);
       out.push_back(std::move(o));
     }
     cursor.clear();

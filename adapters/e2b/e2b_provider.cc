@@ -468,18 +468,9 @@ absl::StatusOr<std::vector<OwnedSandbox>> E2BProvider::ListOwned(
         }
       }
       if (md[kDeploymentTag] != deployment_id) continue;  // never another deployment's
-      OwnedSandbox o;
-      o.sandbox_id = item["sandboxID"].get<std::string>();
-      o.attempt_id = md[kAttemptTag];
-      o.tenant = md["sandbox-broker.tenant"];
-      o.session_id = md["sandbox-broker.session-id"];
-      if (item.contains("startedAt") && item["startedAt"].is_string()) {
-        absl::Time t;
-        std::string err;
-        if (absl::ParseTime(absl::RFC3339_full, item["startedAt"].get<std::string>(), &t, &err)) {
-          o.created_at = t;
-        }
-      }
+      const std::string started =
+          item.contains("startedAt") && item["startedAt"].is_string() ? item["startedAt"] : "";
+      OwnedSandbox o = OwnedFromTags(item["sandboxID"].get<std::string>(), md, started);
       out.push_back(std::move(o));
     }
     next = resp.Header("x-next-token");

@@ -27,6 +27,7 @@
 #include "nlohmann/json.hpp"
 #include "sandboxbroker/v1/broker.grpc.pb.h"
 #include "server/session_store.h"
+#include "tests/testing/store_rows.h"
 #include "tests/testing/temp_dir.h"
 
 #ifndef FAKE_E2B_PATH
@@ -515,17 +516,9 @@ TEST(CrashRecoveryScaleTest, TenThousandStoredSessionsServeWithinFiveSeconds) {
   {
     auto store = OpenSqliteStore(state);
     ASSERT_TRUE(store.ok()) << store.status();
-    std::vector<SessionRecord> rows;
-    for (int i = 0; i < 10000; ++i) {
-      SessionRecord& r = rows.emplace_back();
-      r.tenant = "default";
-      r.session_id = absl::StrCat("s", i);
-      r.provider = "local";
-      r.attempt_id = absl::StrCat("a", i);
-      r.sandbox_id = absl::StrCat("local-", absl::Hex(i, absl::kZeroPad12));
-      r.state = StoredState::kReady;
-      r.created_at = r.last_active_at = absl::Now();
-    }
+    std::vector<SessionRecord> rows =
+        ReadyRows(10000, "default", "local", absl::Now(),
+                  [](int i) { return absl::StrCat("local-", absl::Hex(i, absl::kZeroPad12)); });
     ASSERT_TRUE((*store)->PutSessions(rows).ok());
   }
   json cfg = {{"listen", "127.0.0.1:0"},

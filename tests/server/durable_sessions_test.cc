@@ -11,6 +11,7 @@
 #include "server/run_ledger.h"
 #include "server/session_manager.h"
 #include "server/session_store.h"
+#include "tests/testing/store_rows.h"
 #include "tests/testing/temp_dir.h"
 
 namespace sandbox {
@@ -345,17 +346,9 @@ TEST_F(DurableSessionsTest, CallsDoNotWriteActivityIsFlushedLazily) {
 }
 
 TEST_F(DurableSessionsTest, TenThousandStoredSessionsLoadWithoutProviderCalls) {
-  std::vector<SessionRecord> rows;
-  for (int i = 0; i < 10000; ++i) {
-    SessionRecord& r = rows.emplace_back();
-    r.tenant = "t";
-    r.session_id = absl::StrCat("s", i);
-    r.provider = "world";
-    r.attempt_id = absl::StrCat("a", i);
-    r.sandbox_id = absl::StrCat("gone-", i);
-    r.state = StoredState::kReady;
-    r.created_at = r.last_active_at = clock_.Now();
-  }
+  std::vector<SessionRecord> rows = ReadyRows(10000, "t", "world", clock_.Now(), [](int i) {
+    return absl::StrCat("gone-", i);
+  });
   ASSERT_TRUE(store_->PutSessions(rows).ok());
   const absl::Time start = absl::Now();
   SessionManager& m = Restart();

@@ -1,4 +1,5 @@
 #include "server/session_store.h"
+#include "server/config.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -33,6 +34,18 @@ std::string ReadAll(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// A store with enough rows to span several pages, closed (checkpointed).
+void Fill(const std::string& path) {
+  auto s = OpenSqliteStore(path);
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::vector<SessionRecord> rows;
+  for (int i = 0; i < 300; ++i) {
+    rows.push_back(Row("t", absl::StrCat("s", i), StoredState::kReady));
+    rows.back().spec_json = std::string(200, 'j');
+  }
+  ASSERT_TRUE((*s)->PutSessions(rows).ok());
 }
 
 // Both stores keep the same contract.
@@ -159,15 +172,7 @@ TEST(SqliteStoreTest, GarbageFileIsRefusedAndLeftAsItIs) {
 TEST(SqliteStoreTest, TornFileIsRefused) {
   TempDir dir;
   const std::string path = dir.path() + "/state.db";
-  {
-    auto s = OpenSqliteStore(path);
-    ASSERT_TRUE(s.ok());
-    for (int i = 0; i < 300; ++i) {
-      SessionRecord r = Row("t", absl::StrCat("s", i), StoredState::kReady);
-      r.spec_json = std::string(200, 'j');
-      ASSERT_TRUE((*s)->PutSession(r).ok());
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(Fill(path));
   // Checkpointed on close: the rows are in the main file. Tear it.
   std::string whole = ReadAll(path);
   ASSERT_GT(whole.size(), 8192u);
@@ -185,15 +190,7 @@ TEST(SqliteStoreTest, TornFileIsRefused) {
 TEST(SqliteStoreTest, FlippedBytesAreRefused) {
   TempDir dir;
   const std::string path = dir.path() + "/state.db";
-  {
-    auto s = OpenSqliteStore(path);
-    ASSERT_TRUE(s.ok());
-    for (int i = 0; i < 300; ++i) {
-      SessionRecord r = Row("t", absl::StrCat("s", i), StoredState::kReady);
-      r.spec_json = std::string(200, 'j');
-      ASSERT_TRUE((*s)->PutSession(r).ok());
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(Fill(path));
   std::string whole = ReadAll(path);
   // Scribble over the b-tree pages (not the header).
   for (size_t i = 4096 + 8; i < whole.size() && i < 4096 * 6; i += 7) whole[i] = '\xff';
@@ -211,6 +208,42 @@ TEST(SqliteStoreTest, DefaultPathFollowsTheUser) {
     EXPECT_EQ(DefaultStatePath(), "/x/state/sandbox-broker/state.db");
     unsetenv("XDG_STATE_HOME");
   }
+}
+
+}  // namespace
+}  // namespace sandbox
+
+namespace sandbox {
+namespace {
+
+TEST(StateConfigTest, KeysDefaultsAndErrors) {
+  auto d = ParseConfig("{}");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->state_backend, "sqlite");
+  EXPECT_EQ(d->state_path, "");
+  EXPECT_FALSE(d->drain_close_sandboxes);  // durable store: sandboxes stay
+  EXPECT_EQ(d->orphan_sweep_interval_seconds, 300);
+  EXPECT_EQ(d->orphan_grace_seconds, 300);
+  EXPECT_EQ(d->run_result_ttl_seconds, 600);
+  auto m = ParseConfig(R"({"state": {"backend": "memory"}})");
+  ASSERT_TRUE(m.ok());
+  EXPECT_TRUE(m->drain_close_sandboxes);  // memory: closed as before
+  auto e = ParseConfig(
+      R"({"state": {"path": "/x/s.db"}, "drain_close_sandboxes": true, "deployment_id": "prod-1",
+          "orphan_grace_seconds": 1})");
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_TRUE(e->drain_close_sandboxes);
+  EXPECT_EQ(e->deployment_id, "prod-1");
+  EXPECT_EQ(e->orphan_grace_seconds, 1);
+  for (const char* bad : {R"({"state": {"backend": "etcd"}})", R"({"state": {"path": "rel.db"}})",
+                          R"({"state": {"backend": "memory", "path": "/x"}})",
+                          R"({"state": {"pth": "/x"}})", R"({"deployment_id": "a b"})",
+                          R"({"orphan_grace_seconds": 0})", R"({"run_result_ttl_seconds": -1})"}) {
+    auto c = ParseConfig(bad);
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_NE(ParseConfig(R"({"state": {"backend": "etcd"}})").status().message().find("state.backend"),
+            std::string::npos);
 }
 
 }  // namespace
