@@ -243,8 +243,8 @@ void StoreSection(const Options& o) {
   char tmpl[] = "/tmp/bench-store-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
   auto mem = StartBroker("{}");
-  auto sql = StartBroker(absl::StrCat(R"({"state": {"backend": "sqlite", "path": ")", dir,
-                                      R"(/state.db"}})"));
+  auto sql = StartBroker(
+      absl::StrCat(R"({"state": {"backend": "sqlite", "path": ")", dir, R"(/state.db"}})"));
   if (!mem.ok() || !sql.ok()) {
     printf("  broker failed to start: %s\n",
            std::string((mem.ok() ? sql.status() : mem.status()).message()).c_str());

@@ -1,12 +1,12 @@
 #include "server/broker_core.h"
 
 #include "absl/strings/escaping.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "common/text.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
 namespace sandbox {
 namespace {
@@ -303,9 +303,8 @@ absl::StatusOr<pb::RunResult> BrokerCore::Once(
 absl::StatusOr<pb::RunResult> BrokerCore::Run(const CallContext& ctx, const pb::RunRequest& req) {
   ASSIGN_OR_RETURN(Language lang, ToLanguage(req.language()));
   return Once(ctx, req.session_id(), req.run_id(), req, [&] {
-    return Exec(ctx, req.session_id(), req.spec(), lang,
-                req.language() != pb::LANGUAGE_UNSPECIFIED, req.code(), req.timeout_seconds(),
-                req.env());
+    return Exec(ctx, req.session_id(), req.spec(), lang, req.language() != pb::LANGUAGE_UNSPECIFIED,
+                req.code(), req.timeout_seconds(), req.env());
   });
 }
 

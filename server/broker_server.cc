@@ -134,8 +134,7 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
       self->sessions_->SweepOrphans(grace);
       Clock* clock = Clock::Real();
       const absl::Duration reap_every = absl::Seconds(self->config_.reap_interval_seconds);
-      const absl::Duration sweep_every =
-          absl::Seconds(self->config_.orphan_sweep_interval_seconds);
+      const absl::Duration sweep_every = absl::Seconds(self->config_.orphan_sweep_interval_seconds);
       absl::Time next_reap = clock->Monotonic() + reap_every;
       absl::Time next_sweep = clock->Monotonic() + sweep_every;
       while (!self->stop_reaper_.WaitForNotificationWithTimeout(absl::Seconds(1))) {

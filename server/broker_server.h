@@ -15,8 +15,8 @@
 #include "server/grpc_service.h"
 #include "server/metrics.h"
 #include "server/run_ledger.h"
-#include "server/session_store.h"
 #include "server/session_manager.h"
+#include "server/session_store.h"
 
 namespace sandbox {
 

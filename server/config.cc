@@ -86,8 +86,7 @@ absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text) {
   for (char ch : c.deployment_id) {
     if (!(isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.') ||
         c.deployment_id.size() > 64) {
-      return absl::InvalidArgumentError(
-          "deployment_id: must be 1-64 characters of [A-Za-z0-9._-]");
+      return absl::InvalidArgumentError("deployment_id: must be 1-64 characters of [A-Za-z0-9._-]");
     }
   }
   c.orphan_sweep_interval_seconds =

@@ -51,8 +51,7 @@ class MemoryStore final : public SessionStore {
     absl::MutexLock l(&mu_);
     sessions_.erase({tenant, id});
     auto it = runs_.lower_bound({tenant, id, ""});
-    while (it != runs_.end() && std::get<0>(it->first) == tenant &&
-           std::get<1>(it->first) == id) {
+    while (it != runs_.end() && std::get<0>(it->first) == tenant && std::get<1>(it->first) == id) {
       it = runs_.erase(it);
     }
     return absl::OkStatus();
@@ -87,8 +86,7 @@ class MemoryStore final : public SessionStore {
   mutable absl::Mutex mu_;
   std::string deployment_id_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, std::string>, SessionRecord> sessions_ ABSL_GUARDED_BY(mu_);
-  std::map<std::tuple<std::string, std::string, std::string>, RunRecord> runs_
-      ABSL_GUARDED_BY(mu_);
+  std::map<std::tuple<std::string, std::string, std::string>, RunRecord> runs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

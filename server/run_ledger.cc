@@ -25,8 +25,8 @@ constexpr char kAbortedMessage[] =
 absl::Status ValidateRunId(const std::string& id, const char* field) {
   bool ok = !id.empty() && id.size() <= 128;
   for (char c : id) {
-    ok = ok && (isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == ':' ||
-                c == '-');
+    ok = ok &&
+         (isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == ':' || c == '-');
   }
   if (ok) return absl::OkStatus();
   return absl::InvalidArgumentError(
@@ -119,8 +119,7 @@ std::vector<std::string> RunLedger::PruneLocked(
   return dropped;
 }
 
-absl::StatusOr<std::string> RunLedger::Do(const std::string& tenant,
-                                          const std::string& session_id,
+absl::StatusOr<std::string> RunLedger::Do(const std::string& tenant, const std::string& session_id,
                                           const std::string& run_id,
                                           const std::string& request_hash,
                                           const std::function<absl::StatusOr<std::string>()>& fn) {
@@ -154,9 +153,9 @@ absl::StatusOr<std::string> RunLedger::Do(const std::string& tenant,
         }
       }
       if (oldest == runs.end()) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("this session already has ", options_.max_per_session,
-                         " runs with a run_id in progress"));
+        return absl::ResourceExhaustedError(absl::StrCat("this session already has ",
+                                                         options_.max_per_session,
+                                                         " runs with a run_id in progress"));
       }
       dropped.push_back(oldest->first);
       runs.erase(oldest);

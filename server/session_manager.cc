@@ -332,8 +332,8 @@ absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Sessi
   spec.attempt_id = s->attempt_id;
   const absl::Time start = clock_->Monotonic();
   // Write-ahead: the intent is durable before the provider creates anything.
-  absl::Status status = store_ ? store_->PutSession(RecordOf(*s, StoredState::kCreating))
-                               : absl::OkStatus();
+  absl::Status status =
+      store_ ? store_->PutSession(RecordOf(*s, StoredState::kCreating)) : absl::OkStatus();
   absl::StatusOr<std::unique_ptr<Sandbox>> created =
       status.ok() ? provider->Create(spec) : absl::StatusOr<std::unique_ptr<Sandbox>>(status);
   status = created.status();
@@ -605,15 +605,13 @@ void SessionManager::CloseAll() {
   for (const auto& [tenant, id] : keys) (void)Close(tenant, id, CloseReason::kShutdown);
 }
 
-
 // ---- durable sessions ------------------------------------------------------
 
 absl::Status SessionManager::AdoptLocked(const std::shared_ptr<Session>& s) {
   s->state = SessionStateKind::kCreating;  // callers wait: single flight
   UnindexLocked(s.get());
-  const SandboxSpec spec =
-      SpecOf(s->tenant, s->session_id, instance_id_, deployment_id_, s->attempt_id,
-             s->template_name, s->language, s->env, s->labels);
+  const SandboxSpec spec = SpecOf(s->tenant, s->session_id, instance_id_, deployment_id_,
+                                  s->attempt_id, s->template_name, s->language, s->env, s->labels);
   const std::string provider_name = s->provider;
   const std::string sandbox_id = s->sandbox_id;
   mu_.Unlock();
@@ -647,6 +645,8 @@ absl::Status SessionManager::AdoptLocked(const std::shared_ptr<Session>& s) {
   }
   if (gone) {
     RemoveLocked(s.get());
+    if (metrics_)
+      metrics_->SessionClosed(s->provider, s->tenant, CloseReasonName(CloseReason::kGone));
     next_generation_[{s->tenant, s->session_id}] = s->generation + 1;
     Log(LogLevel::kInfo, "session.adopt_gone",
         {{"tenant", s->tenant},
@@ -723,6 +723,7 @@ absl::StatusOr<int64_t> SessionManager::LoadFromStore() {
     if (sessions.emplace(r.session_id, s).second) {
       ++total_;
       ++n;
+      if (metrics_) metrics_->SessionRecovered(s->provider, s->tenant);
     }
   }
   return n;
@@ -740,7 +741,8 @@ void SessionManager::ResolvePending() {
     }
   }
   // One list call per provider resolves every creating row on it.
-  std::map<std::string, std::map<std::string, std::string>> by_attempt;  // provider -> attempt -> id
+  std::map<std::string, std::map<std::string, std::string>>
+      by_attempt;  // provider -> attempt -> id
   std::map<std::string, bool> listed;
   for (auto& s : creating) {
     if (listed.count(s->provider)) continue;
@@ -787,6 +789,8 @@ void SessionManager::ResolvePending() {
       }
     } else {
       RemoveLocked(s.get());
+      if (metrics_)
+        metrics_->SessionClosed(s->provider, s->tenant, CloseReasonName(CloseReason::kGone));
       if (s->generation > 1) next_generation_[{s->tenant, s->session_id}] = s->generation;
     }
     Log(LogLevel::kInfo, "session.resolved",
@@ -843,8 +847,8 @@ int SessionManager::SweepOrphans(absl::Duration grace) {
       first_seen_ = std::move(seen);
     }
     for (const OwnedSandbox& o : orphans) {
-      SandboxSpec spec = SpecOf(o.tenant, o.session_id, instance_id_, deployment_id_,
-                                o.attempt_id, "", Language::kPython, {}, {});
+      SandboxSpec spec = SpecOf(o.tenant, o.session_id, instance_id_, deployment_id_, o.attempt_id,
+                                "", Language::kPython, {}, {});
       absl::StatusOr<std::unique_ptr<Sandbox>> att = (*p)->Attach(o.sandbox_id, spec);
       absl::Status st = att.ok() ? (*att)->Destroy() : att.status();
       if (!att.ok() && IsSandboxGone(st)) continue;

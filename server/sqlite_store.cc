@@ -225,8 +225,7 @@ class SqliteStore final : public SessionStore {
     absl::MutexLock l(&mu_);
     RETURN_IF_ERROR(ExecLocked("BEGIN IMMEDIATE"));
     for (const Touch& t : touches) {
-      Stmt s(db_,
-             "UPDATE sessions SET last_active_us = ?3 WHERE tenant = ?1 AND session_id = ?2");
+      Stmt s(db_, "UPDATE sessions SET last_active_us = ?3 WHERE tenant = ?1 AND session_id = ?2");
       s.Text(1, t.tenant).Text(2, t.session_id).Int(3, ToMicros(t.last_active_at));
       if (s.Step() != SQLITE_DONE) {
         absl::Status e = Error("touch sessions");
@@ -406,8 +405,7 @@ absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string&
     if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
       std::string why = sqlite3_errmsg(db);
       store.reset();
-      return absl::FailedPreconditionError(
-          absl::StrCat("state: ", path, ": ", pragma, ": ", why));
+      return absl::FailedPreconditionError(absl::StrCat("state: ", path, ": ", pragma, ": ", why));
     }
   }
   if (absl::Status s = static_cast<SqliteStore*>(store.get())->Init(fresh); !s.ok()) return s;

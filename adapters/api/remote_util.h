@@ -8,9 +8,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "adapters/api/provider.h"
-#include "absl/strings/string_view.h"
 
 namespace sandbox {
 

@@ -397,8 +397,8 @@ absl::StatusOr<std::unique_ptr<Sandbox>> DaytonaProvider::Attach(const std::stri
       continue;
     }
     if (clock->Monotonic() + every > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("daytona: sandbox ", sandbox_id,
-                                                      " did not start (state ", dto.state, ")"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("daytona: sandbox ", sandbox_id, " did not start (state ", dto.state, ")"));
     }
     absl::SleepFor(every);
     every = std::min(every * 1.1, absl::Seconds(1));

@@ -426,10 +426,10 @@ absl::StatusOr<std::unique_ptr<Sandbox>> E2BProvider::Attach(const std::string& 
         absl::StrCat("e2b: \"", sandbox_id, "\" is not a sandbox id"));
   }
   // Connect resumes a paused sandbox and extends a running one's timeout.
-  ASSIGN_OR_RETURN(HttpResponse resp,
-                   ControlRequest("POST", absl::StrCat("/v2/sandboxes/", sandbox_id, "/connect"),
-                                  absl::StrCat("{\"timeout\":", config_.sandbox_timeout_seconds,
-                                               "}")));
+  ASSIGN_OR_RETURN(
+      HttpResponse resp,
+      ControlRequest("POST", absl::StrCat("/v2/sandboxes/", sandbox_id, "/connect"),
+                     absl::StrCat("{\"timeout\":", config_.sandbox_timeout_seconds, "}")));
   if (resp.status == 404) {
     return SandboxGoneError(absl::StrCat("e2b: sandbox ", sandbox_id, " no longer exists"));
   }
@@ -440,13 +440,12 @@ absl::StatusOr<std::unique_ptr<Sandbox>> E2BProvider::Attach(const std::string& 
       new E2BSandbox(this, std::move(info), spec, config_.sandbox_timeout_seconds));
 }
 
-absl::StatusOr<std::vector<OwnedSandbox>> E2BProvider::ListOwned(
-    const std::string& deployment_id) {
+absl::StatusOr<std::vector<OwnedSandbox>> E2BProvider::ListOwned(const std::string& deployment_id) {
   // As the SDK encodes a metadata query (see the protocol notes): each key
   // and value encoded, joined as a query string, encoded once more.
-  const std::string query = absl::StrCat(
-      HttpClient::UrlEncode(HttpClient::UrlEncode(kDeploymentTag)), "=",
-      HttpClient::UrlEncode(HttpClient::UrlEncode(deployment_id)));
+  const std::string query =
+      absl::StrCat(HttpClient::UrlEncode(HttpClient::UrlEncode(kDeploymentTag)), "=",
+                   HttpClient::UrlEncode(HttpClient::UrlEncode(deployment_id)));
   std::vector<OwnedSandbox> out;
   std::string next;
   for (int page = 0; page < 10000; ++page) {

@@ -125,9 +125,7 @@ absl::Status WriteOwnerMarker(const std::string& workspace, const SandboxSpec& s
   return absl::OkStatus();
 }
 
-void RemoveOwnerMarker(const std::string& workspace) {
-  unlink(OwnerMarkerPath(workspace).c_str());
-}
+void RemoveOwnerMarker(const std::string& workspace) { unlink(OwnerMarkerPath(workspace).c_str()); }
 
 // A sandbox id this provider makes: "local-" and hex (never a path).
 bool IsLocalSandboxId(const std::string& id) {
@@ -276,9 +274,8 @@ class LocalSandbox final : public Sandbox {
     destroyed_ = true;
     for (pid_t pid : pids_) kill(-pid, SIGKILL);
     // Runs reap their own children; wait until every one has.
-    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return running_ == 0 && starting_ == 0;
-    };
+    auto idle = [this]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return running_ == 0 && starting_ == 0; };
     mu_.Await(absl::Condition(&idle));
     return true;
   }

@@ -39,9 +39,12 @@ struct Faults {
       return false;
     }
     const std::pair<const char*, std::atomic<int>*> fields[] = {
-        {"latency_ms", &latency_ms},           {"create_latency_ms", &create_latency_ms},
-        {"fail_next", &fail_next},             {"error_every_n", &error_every_n},
-        {"rate_limit_next", &rate_limit_next}, {"retry_after_seconds", &retry_after_seconds},
+        {"latency_ms", &latency_ms},
+        {"create_latency_ms", &create_latency_ms},
+        {"fail_next", &fail_next},
+        {"error_every_n", &error_every_n},
+        {"rate_limit_next", &rate_limit_next},
+        {"retry_after_seconds", &retry_after_seconds},
         {"drop_next", &drop_next}};
     for (auto it = j.begin(); it != j.end(); ++it) {
       std::atomic<int>* target = nullptr;

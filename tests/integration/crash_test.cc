@@ -3,14 +3,13 @@
 // processes and are counted through GET /_fake/stats, local workspaces on
 // disk.
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <dirent.h>
 
 #include <fstream>
 #include <functional>
@@ -175,18 +174,19 @@ class CrashTest : public ::testing::TestWithParam<std::string> {
       addr = log.substr(at, end - at);
       return !addr.empty();
     })) << ReadAll(err);
-    stub_ = pb::SandboxBroker::NewStub(
-        grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+    stub_ =
+        pb::SandboxBroker::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
   }
-  std::string BrokerLog() { return ReadAll(absl::StrCat(dir_.path(), "/broker-", starts_, ".err")); }
+  std::string BrokerLog() {
+    return ReadAll(absl::StrCat(dir_.path(), "/broker-", starts_, ".err"));
+  }
 
   std::unique_ptr<grpc::ClientContext> Ctx(absl::Duration timeout = absl::Seconds(30)) {
     auto c = std::make_unique<grpc::ClientContext>();
     c->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     return c;
   }
-  grpc::Status Write(const std::string& session, const std::string& path,
-                     const std::string& data) {
+  grpc::Status Write(const std::string& session, const std::string& path, const std::string& data) {
     pb::WriteFileRequest r;
     r.set_session_id(session);
     r.set_path(path);
@@ -225,7 +225,8 @@ class CrashTest : public ::testing::TestWithParam<std::string> {
     r.set_session_id(session);
     pb::SessionInfo info;
     grpc::Status s = stub_->GetSession(Ctx().get(), r, &info);
-    if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+    if (!s.ok())
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
     return info;
   }
   int ListCount() {
@@ -516,9 +517,9 @@ TEST(CrashRecoveryScaleTest, TenThousandStoredSessionsServeWithinFiveSeconds) {
   {
     auto store = OpenSqliteStore(state);
     ASSERT_TRUE(store.ok()) << store.status();
-    std::vector<SessionRecord> rows =
-        ReadyRows(10000, "default", "local", absl::Now(),
-                  [](int i) { return absl::StrCat("local-", absl::Hex(i, absl::kZeroPad12)); });
+    std::vector<SessionRecord> rows = ReadyRows(10000, "default", "local", absl::Now(), [](int i) {
+      return absl::StrCat("local-", absl::Hex(i, absl::kZeroPad12));
+    });
     ASSERT_TRUE((*store)->PutSessions(rows).ok());
   }
   json cfg = {{"listen", "127.0.0.1:0"},

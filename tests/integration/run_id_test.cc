@@ -19,8 +19,7 @@ class RunIdTest : public BrokerFixture {
   }
 };
 
-constexpr char kCount[] =
-    "open('n.txt', 'a').write('x')\nprint(len(open('n.txt').read()))";
+constexpr char kCount[] = "open('n.txt', 'a').write('x')\nprint(len(open('n.txt').read()))";
 
 TEST_F(RunIdTest, ARunIdRunsOnceAndRetriesGetItsResult) {
   pb::RunResult a, b, c;
@@ -66,8 +65,7 @@ TEST_F(RunIdTest, RunStreamRetryReplaysTheKeptOutput) {
 }
 
 TEST_F(RunIdTest, CallIdMakesAToolCallRetrySafe) {
-  auto call = [&](const std::string& args, const std::string& call_id,
-                  pb::CallToolResponse* out) {
+  auto call = [&](const std::string& args, const std::string& call_id, pb::CallToolResponse* out) {
     pb::CallToolRequest r;
     r.set_session_id("rid");
     r.set_name("sandbox_local_shell");

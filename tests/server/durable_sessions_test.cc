@@ -101,7 +101,8 @@ class WorldProvider final : public Provider {
     ++w_->lists;
     std::vector<OwnedSandbox> out;
     for (auto& [id, b] : w_->boxes) {
-      if (b.alive && b.deployment == dep) out.push_back({id, b.attempt, b.tenant, b.session, b.created});
+      if (b.alive && b.deployment == dep)
+        out.push_back({id, b.attempt, b.tenant, b.session, b.created});
     }
     return out;
   }
@@ -346,9 +347,8 @@ TEST_F(DurableSessionsTest, CallsDoNotWriteActivityIsFlushedLazily) {
 }
 
 TEST_F(DurableSessionsTest, TenThousandStoredSessionsLoadWithoutProviderCalls) {
-  std::vector<SessionRecord> rows = ReadyRows(10000, "t", "world", clock_.Now(), [](int i) {
-    return absl::StrCat("gone-", i);
-  });
+  std::vector<SessionRecord> rows =
+      ReadyRows(10000, "t", "world", clock_.Now(), [](int i) { return absl::StrCat("gone-", i); });
   ASSERT_TRUE(store_->PutSessions(rows).ok());
   const absl::Time start = absl::Now();
   SessionManager& m = Restart();

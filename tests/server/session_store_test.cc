@@ -1,5 +1,4 @@
 #include "server/session_store.h"
-#include "server/config.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -9,6 +8,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "server/config.h"
 #include "tests/testing/temp_dir.h"
 
 namespace sandbox {
@@ -72,8 +72,7 @@ TEST_P(StoreContractTest, SessionsPutReplaceTouchDelete) {
   ASSERT_TRUE(store_->PutSession(Row("t", "b", StoredState::kReady)).ok());
   ASSERT_TRUE(store_->PutSession(Row("t", "a", StoredState::kReady)).ok());  // replaces
   ASSERT_TRUE(
-      store_->TouchSessions({{"t", "b", absl::FromUnixSeconds(1800000500)}, {"t", "zz", {}}})
-          .ok());
+      store_->TouchSessions({{"t", "b", absl::FromUnixSeconds(1800000500)}, {"t", "zz", {}}}).ok());
   auto rows = store_->LoadSessions();
   ASSERT_TRUE(rows.ok());
   ASSERT_EQ(rows->size(), 2u);
@@ -83,8 +82,8 @@ TEST_P(StoreContractTest, SessionsPutReplaceTouchDelete) {
     EXPECT_EQ(r.generation, 2);
     EXPECT_EQ(r.spec_json, R"({"template":"t"})");
     EXPECT_EQ(r.created_at, absl::FromUnixSeconds(1800000000));
-    EXPECT_EQ(r.last_active_at, absl::FromUnixSeconds(r.session_id == "b" ? 1800000500
-                                                                          : 1800000100));
+    EXPECT_EQ(r.last_active_at,
+              absl::FromUnixSeconds(r.session_id == "b" ? 1800000500 : 1800000100));
   }
   ASSERT_TRUE(store_->DeleteSession("t", "a").ok());
   ASSERT_TRUE(store_->DeleteSession("t", "missing").ok());
@@ -242,8 +241,9 @@ TEST(StateConfigTest, KeysDefaultsAndErrors) {
     auto c = ParseConfig(bad);
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
-  EXPECT_NE(ParseConfig(R"({"state": {"backend": "etcd"}})").status().message().find("state.backend"),
-            std::string::npos);
+  EXPECT_NE(
+      ParseConfig(R"({"state": {"backend": "etcd"}})").status().message().find("state.backend"),
+      std::string::npos);
 }
 
 }  // namespace
