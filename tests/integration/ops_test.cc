@@ -110,7 +110,8 @@ TEST_F(OpsTest, MetricsAreScrapedAfterRealCalls) {
 }
 
 TEST_F(OpsTest, DrainFinishesRunningCallsRefusesNewOnesAndClosesSandboxes) {
-  StartBroker(R"({"drain_grace_seconds": 30})");
+  // Closing on drain is the default only with the memory store.
+  StartBroker(R"({"drain_grace_seconds": 30, "drain_close_sandboxes": true})");
   auto sb = Client("draining");
   ASSERT_TRUE(sb->Start().ok());
   ASSERT_TRUE(Client("other")->Start().ok());
