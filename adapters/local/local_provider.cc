@@ -1301,6 +1301,15 @@ absl::Status LocalProvider::Probe() {
     ASSIGN_OR_RETURN(seccomp_bpf_, BuildSeccompBpf());
   }
   RETURN_IF_ERROR(ProbeEnforcement());
+  // A broker killed during a health probe leaves the probe's sandbox (dir,
+  // cgroup, mount). It never belongs to a session and no marker names it, so
+  // the orphan sweep never sees it: remove such leftovers here.
+  for (const std::string& id : ListSandboxIds()) {
+    if (!absl::StartsWith(id, "local-probe-")) continue;
+    absl::Status s = RemoveSandbox(id);
+    Log(s.ok() ? LogLevel::kInfo : LogLevel::kWarning, "local.stale_probe_removed",
+        {{"sandbox_id", id}, {"result", s.ok() ? std::string("ok") : std::string(s.message())}});
+  }
   if (absl::Status s = ProbeSandbox(); !s.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("local: bubblewrap cannot create the sandbox container here (", s.message(),

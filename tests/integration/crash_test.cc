@@ -286,7 +286,11 @@ class CrashTest : public ::testing::TestWithParam<std::string> {
     if (!d) return out;
     while (auto* e = readdir(d)) {
       std::string n = e->d_name;
-      if (absl::StartsWith(n, "local-") && n.find('.') == std::string::npos) out.push_back(n);
+      // Not the health probe's short-lived "local-probe-..." sandbox.
+      if (absl::StartsWith(n, "local-") && !absl::StartsWith(n, "local-probe-") &&
+          n.find('.') == std::string::npos) {
+        out.push_back(n);
+      }
     }
     closedir(d);
     return out;
