@@ -336,6 +336,7 @@ TEST(DaemonTest, ReapsOrphansWithoutTakingRunStatuses) {
   std::ofstream(config) << nlohmann::json(
                                {{"listen", "127.0.0.1:0"},
                                 {"drain_grace_seconds", 5},
+                                {"state", {{"path", dir.path() + "/state.db"}}},
                                 {"providers",
                                  {{"local",
                                    {{"isolation", "none"},
