@@ -216,7 +216,8 @@ std::unique_ptr<grpc::Server> StartEchoServer(EchoService* service, int* port) {
 absl::StatusOr<std::unique_ptr<BrokerServer>> StartBroker(const std::string& extra) {
   nlohmann::json cfg = nlohmann::json::parse(
       R"({"listen": "127.0.0.1:0", "default_provider": "echo", "providers": {"echo": {}},
-          "max_sessions_per_tenant": 100000, "max_output_bytes": 1048576})");
+          "max_sessions_per_tenant": 100000, "max_output_bytes": 1048576,
+          "state": {"backend": "memory"}})");
   cfg.merge_patch(nlohmann::json::parse(extra));
   auto config = ParseConfig(cfg.dump());
   if (!config.ok()) return config.status();
@@ -231,6 +232,48 @@ void Row(const char* what, double value, double base, const char* unit, bool hig
   const double ratio = base > 0 ? value / base : 0;
   printf("  %-44s %12.1f %-6s  baseline %12.1f  ratio %5.2fx%s\n", what, value, unit, base, ratio,
          higher_is_better ? " (higher is better)" : "");
+}
+
+// ---- durable store ----------------------------------------------------------
+
+// Echo Run throughput with the SQLite store vs the memory store, side by
+// side: the hot path must not touch the store (target >= 0.95x).
+void StoreSection(const Options& o) {
+  printf("\n[5] Session store: echo Run, broker with sqlite store vs memory store\n");
+  char tmpl[] = "/tmp/bench-store-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  auto mem = StartBroker("{}");
+  auto sql = StartBroker(
+      absl::StrCat(R"({"state": {"backend": "sqlite", "path": ")", dir, R"(/state.db"}})"));
+  if (!mem.ok() || !sql.ok()) {
+    printf("  broker failed to start: %s\n",
+           std::string((mem.ok() ? sql.status() : mem.status()).message()).c_str());
+    return;
+  }
+  const std::string mem_addr = absl::StrCat("127.0.0.1:", (*mem)->port());
+  const std::string sql_addr = absl::StrCat("127.0.0.1:", (*sql)->port());
+  for (int concurrency : o.smoke ? std::vector<int>{4} : std::vector<int>{1, 16, 64}) {
+    // Many short alternating rounds spread the noise of a shared machine.
+    const int rounds = o.smoke ? 2 : 8;
+    Latencies m1, q1;
+    for (int i = 0; i < rounds; ++i) {
+      for (auto [addr, into] : {std::pair{&mem_addr, &m1}, std::pair{&sql_addr, &q1}}) {
+        Latencies l = Load(*addr, concurrency, o.load_time / rounds, 64, false);
+        into->us.insert(into->us.end(), l.us.begin(), l.us.end());
+        into->seconds += l.seconds;
+        into->errors += l.errors;
+      }
+    }
+    printf(" concurrency %d, Run only, %d alternating rounds (errors: sqlite %lld, memory %lld)\n",
+           concurrency, rounds, static_cast<long long>(q1.errors),
+           static_cast<long long>(m1.errors));
+    Row("throughput sqlite vs memory", q1.Throughput(), m1.Throughput(), "req/s", true);
+    Row("p50 latency sqlite vs memory", q1.Pct(0.50), m1.Pct(0.50), "us", false);
+  }
+  sql->reset();
+  mem->reset();
+  std::string cmd = absl::StrCat("rm -rf '", dir, "'");
+  (void)!system(cmd.c_str());
 }
 
 void GrpcSection(const Options& o) {
@@ -577,7 +620,7 @@ int main(int argc, char** argv) {
     } else if (a == "--seconds" && i + 1 < argc) {
       o.load_time = absl::Seconds(atoi(argv[++i]));
     } else if (std::string(argv[i]) == "--only" && i + 1 < argc) {
-      only = argv[++i];  // grpc | floor | e2b | scale
+      only = argv[++i];  // grpc | floor | e2b | scale | store
     } else if (std::string(argv[i]) == "--smoke") {
       o.smoke = true;
       o.load_time = absl::Milliseconds(400);
@@ -602,6 +645,7 @@ int main(int argc, char** argv) {
   if (only.empty() || only == "floor") FloorSection(o);
   if (only.empty() || only == "e2b") E2BSection(o);
   if (only.empty() || only == "scale") ScaleSection(o);
+  if (only.empty() || only == "store") StoreSection(o);
   printf("\nbroker_bench: done\n");
   return 0;
 }

@@ -13,6 +13,7 @@ PACKAGES=(
   podman runc catatonit debootstrap  # deploy/podman-ci.sh: the container image job
   # Hardening: libFuzzer targets (scripts/fuzz.sh) build with clang.
   clang-14 libfuzzer-14-dev
+  libsqlite3-dev
 )
 # The local provider runs node; keep a node that is already there (it may be
 # newer than Debian's), else take Debian's.

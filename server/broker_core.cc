@@ -9,6 +9,8 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "common/text.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
 namespace sandbox {
 namespace {
@@ -182,6 +184,7 @@ void BrokerCore::ToInfo(const SessionView& v, pb::SessionInfo* info) const {
     info->mutable_usage()->set_disk_bytes(v.usage->disk_bytes);
     info->mutable_usage()->set_cpu_seconds(v.usage->cpu_seconds);
   }
+  info->set_generation(v.generation);
 }
 
 absl::StatusOr<pb::SessionInfo> BrokerCore::StartSession(const CallContext& ctx,
@@ -201,6 +204,7 @@ absl::StatusOr<pb::CloseSessionResponse> BrokerCore::CloseSession(
   ASSIGN_OR_RETURN(Admission adm, Admit(ctx));
   RETURN_IF_ERROR(ValidateSessionId(req.session_id()));
   ASSIGN_OR_RETURN(bool existed, sessions_->Close(ctx.tenant, req.session_id()));
+  if (runs_ != nullptr) runs_->ForgetSession(ctx.tenant, req.session_id());
   pb::CloseSessionResponse resp;
   resp.set_existed(existed);
   return resp;
@@ -312,16 +316,51 @@ absl::StatusOr<pb::RunResult> BrokerCore::Exec(
   return out;
 }
 
+absl::StatusOr<pb::RunResult> BrokerCore::Once(
+    const CallContext& ctx, const std::string& session_id, const std::string& run_id,
+    const google::protobuf::Message& req,
+    const std::function<absl::StatusOr<pb::RunResult>()>& fn) {
+  if (run_id.empty() || runs_ == nullptr) return fn();
+  RETURN_IF_ERROR(ValidateRunId(run_id, "run_id"));
+  RETURN_IF_ERROR(ValidateSessionId(session_id));
+  {
+    // Policy first: a retry answered from the ledger is admitted like the
+    // first attempt (a disabled tenant gets no stored results either).
+    ASSIGN_OR_RETURN(Admission adm, Admit(ctx));
+  }
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream out(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&out);
+    coded.SetSerializationDeterministic(true);
+    req.SerializeToCodedStream(&coded);
+  }
+  ASSIGN_OR_RETURN(std::string stored,
+                   runs_->Do(ctx.tenant, session_id, run_id,
+                             absl::StrCat(req.GetDescriptor()->name(), ":", StableHash(bytes)),
+                             [&]() -> absl::StatusOr<std::string> {
+                               ASSIGN_OR_RETURN(pb::RunResult r, fn());
+                               return r.SerializeAsString();
+                             }));
+  pb::RunResult r;
+  if (!r.ParseFromString(stored)) return absl::InternalError("run_id: stored result unreadable");
+  return r;
+}
+
 absl::StatusOr<pb::RunResult> BrokerCore::Run(const CallContext& ctx, const pb::RunRequest& req) {
   ASSIGN_OR_RETURN(Language lang, ToLanguage(req.language()));
-  return Exec(ctx, req.session_id(), req.spec(), lang, req.language() != pb::LANGUAGE_UNSPECIFIED,
-              req.code(), req.timeout_seconds(), req.env());
+  return Once(ctx, req.session_id(), req.run_id(), req, [&] {
+    return Exec(ctx, req.session_id(), req.spec(), lang, req.language() != pb::LANGUAGE_UNSPECIFIED,
+                req.code(), req.timeout_seconds(), req.env());
+  });
 }
 
 absl::StatusOr<pb::RunResult> BrokerCore::Shell(const CallContext& ctx,
                                                 const pb::ShellRequest& req) {
-  return Exec(ctx, req.session_id(), req.spec(), Language::kShell, true, req.command(),
-              req.timeout_seconds(), req.env());
+  return Once(ctx, req.session_id(), req.run_id(), req, [&] {
+    return Exec(ctx, req.session_id(), req.spec(), Language::kShell, true, req.command(),
+                req.timeout_seconds(), req.env());
+  });
 }
 
 absl::StatusOr<pb::WriteFileResponse> BrokerCore::WriteFile(const CallContext& ctx,
@@ -384,9 +423,23 @@ absl::StatusOr<pb::RunResult> BrokerCore::RunStream(
     const CallContext& ctx, const pb::RunRequest& req,
     const std::function<void(OutputStream, absl::string_view)>& on_chunk) {
   ASSIGN_OR_RETURN(Language lang, ToLanguage(req.language()));
-  ASSIGN_OR_RETURN(pb::RunResult r, Exec(ctx, req.session_id(), req.spec(), lang,
-                                         req.language() != pb::LANGUAGE_UNSPECIFIED, req.code(),
-                                         req.timeout_seconds(), req.env(), on_chunk));
+  if (req.run_id().empty() || runs_ == nullptr) {
+    ASSIGN_OR_RETURN(pb::RunResult r, Exec(ctx, req.session_id(), req.spec(), lang,
+                                           req.language() != pb::LANGUAGE_UNSPECIFIED, req.code(),
+                                           req.timeout_seconds(), req.env(), on_chunk));
+    r.clear_output();
+    return r;
+  }
+  // With a run_id the first attempt streams live and its output is kept; a
+  // retry gets the kept output as one stdout chunk.
+  bool live = false;
+  ASSIGN_OR_RETURN(pb::RunResult r, Once(ctx, req.session_id(), req.run_id(), req, [&] {
+                     live = true;
+                     return Exec(ctx, req.session_id(), req.spec(), lang,
+                                 req.language() != pb::LANGUAGE_UNSPECIFIED, req.code(),
+                                 req.timeout_seconds(), req.env(), on_chunk);
+                   }));
+  if (!live && !r.output().empty()) on_chunk(OutputStream::kStdout, r.output());
   r.clear_output();
   return r;
 }
@@ -492,12 +545,24 @@ absl::StatusOr<pb::CallToolResponse> BrokerCore::CallTool(const CallContext& ctx
       run.set_language(name->op == ToolOp::kShell ? pb::LANGUAGE_SHELL : args->language);
       run.set_timeout_seconds(args->timeout_seconds);
       *run.mutable_spec() = spec;
+      if (!req.call_id().empty()) {
+        // The model's tool-call id: a retried tool call runs once.
+        RETURN_IF_ERROR(ValidateRunId(req.call_id(), "call_id"));
+        run.set_run_id(absl::StrCat("call:", req.call_id()).substr(0, 128));
+      }
       absl::StatusOr<pb::RunResult> r =
           extras.on_output == nullptr
               ? Run(inner, run)
-              : Exec(inner, run.session_id(), run.spec(),
-                     ToLanguage(run.language()).value_or(Language::kPython), true, run.code(),
-                     run.timeout_seconds(), run.env(), extras.on_output);
+              : Once(inner, run.session_id(), run.run_id(), run, [&] {
+                  return Exec(inner, run.session_id(), run.spec(),
+                              ToLanguage(run.language()).value_or(Language::kPython), true,
+                              run.code(), run.timeout_seconds(), run.env(), extras.on_output);
+                });
+      if (!r.ok() && !req.call_id().empty() &&
+          (r.status().code() == absl::StatusCode::kAborted ||
+           r.status().code() == absl::StatusCode::kAlreadyExists)) {
+        return r.status();  // the platform's retry, not the model's mistake
+      }
       if (!r.ok()) return tool_error(r.status());
       if (extras.run) *extras.run = *r;
       resp.set_content(FormatRunResult(*r));

@@ -9,6 +9,7 @@
 #include "server/audit.h"
 #include "server/config.h"
 #include "server/policy.h"
+#include "server/run_ledger.h"
 #include "server/session_manager.h"
 #include "server/usage.h"
 #include "server/tools.h"
@@ -96,6 +97,10 @@ class BrokerCore {
     info->set_tenant(v.tenant);
   }
 
+  // Retry-safe runs (run_id / call_id); without a ledger those ids are
+  // accepted and ignored. Not owned; set before serving.
+  void SetRunLedger(RunLedger* runs) { runs_ = runs; }
+
  private:
   // One call's admission: the snapshot it reads and its tenant's rules.
   struct Admission {
@@ -117,6 +122,11 @@ class BrokerCore {
                                    const CreateOptions* o);
   void RecordUsage(const CallContext& ctx, const std::string& provider, const UsageCounters& d);
 
+  // Run/Shell through the ledger when the request carries a run_id.
+  absl::StatusOr<pb::RunResult> Once(const CallContext& ctx, const std::string& session_id,
+                                     const std::string& run_id,
+                                     const google::protobuf::Message& req,
+                                     const std::function<absl::StatusOr<pb::RunResult>()>& fn);
   absl::StatusOr<pb::RunResult> Exec(
       const CallContext& ctx, const std::string& session_id, const pb::SessionSpec& spec,
       Language language, bool language_given, const std::string& code, int32_t timeout_seconds,
@@ -136,6 +146,7 @@ class BrokerCore {
   Clock* const clock_;
   Metrics* const metrics_;
   OperatorHooks ops_;
+  RunLedger* runs_ = nullptr;
 };
 
 // 1-128 characters of [A-Za-z0-9._:-].

@@ -37,6 +37,30 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
     std::string why = (*s->providers_->Find(name))->Degraded();
     if (!why.empty()) s->metrics_->ProviderDegraded(name, why);
   }
+  // The session store: durable unless the operator opts out.
+  std::string state_path;
+  if (options.store != nullptr) {
+    s->store_ = options.store;
+  } else if (config.state_backend == "memory") {
+    s->owned_store_ = NewMemoryStore(config.deployment_id);
+    s->store_ = s->owned_store_.get();
+    Log(LogLevel::kWarning, "state.memory",
+        {{"message",
+          "state.backend is \"memory\": sessions do not survive a restart, and sandboxes "
+          "left by a crash are never adopted"}});
+  } else {
+    state_path = config.state_path.empty() ? DefaultStatePath() : config.state_path;
+    ASSIGN_OR_RETURN(s->owned_store_, OpenSqliteStore(state_path));
+    s->store_ = s->owned_store_.get();
+  }
+  if (!config.deployment_id.empty() && config.deployment_id != s->store_->deployment_id()) {
+    RETURN_IF_ERROR(s->store_->SetDeploymentId(config.deployment_id));
+  }
+  RunLedger::Options run_options;
+  run_options.ttl = absl::Seconds(config.run_result_ttl_seconds);
+  run_options.max_per_session = static_cast<int>(config.run_results_per_session);
+  s->runs_ = std::make_unique<RunLedger>(s->store_, s->clock_, run_options);
+  RETURN_IF_ERROR(s->runs_->Load());
   // Operators' control: audit log, usage meter, tenant policy snapshot.
   if (options.audit_sink) {
     s->audit_ = std::make_unique<AuditLog>(options.audit_sink, s->clock_);
@@ -52,14 +76,22 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
   s->usage_->SetKnownTenants(snapshot->KnownTenants());
   s->accounting_ = std::make_unique<SessionAccounting>(s->usage_.get(), s->audit_.get());
   s->policy_ = std::make_unique<PolicyEngine>(s->clock_, snapshot);
-  s->sessions_ =
-      std::make_unique<SessionManager>(s->providers_.get(), s->clock_, limits,
-                                       config.default_provider, instance_id, s->metrics_.get());
+  s->sessions_ = std::make_unique<SessionManager>(s->providers_.get(), s->clock_, limits,
+                                                  config.default_provider, instance_id,
+                                                  s->metrics_.get(), s->store_);
+  s->sessions_->SetDetachOnShutdown(s->store_->durable() && !config.drain_close_sandboxes);
+  ASSIGN_OR_RETURN(int64_t recovered, s->sessions_->LoadFromStore());
+  Log(LogLevel::kInfo, "state.opened",
+      {{"backend", s->store_->backend()},
+       {"path", state_path},
+       {"deployment_id", s->store_->deployment_id()},
+       {"sessions", recovered}});
   s->sessions_->set_observer(s->accounting_.get());
   s->auth_ = std::make_unique<Authenticator>(s->policy_.get());
   s->core_ = std::make_unique<BrokerCore>(config, s->providers_.get(), s->sessions_.get(),
                                           s->clock_, s->metrics_.get());
   s->core_->SetOperatorHooks({s->policy_.get(), s->usage_.get(), s->audit_.get()});
+  s->core_->SetRunLedger(s->runs_.get());
   s->reloader_ = std::make_unique<Reloader>(options.config_path, options.listen_override, config,
                                             provider_names, s->policy_.get(), s->usage_.get(),
                                             s->audit_.get());
@@ -155,9 +187,26 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
   if (options.reaper_thread) {
     BrokerServer* self = s.get();
     s->reaper_ = std::thread([self] {
-      const absl::Duration every = absl::Seconds(self->config_.reap_interval_seconds);
-      while (!self->stop_reaper_.WaitForNotificationWithTimeout(every)) {
-        self->sessions_->RunOnce();
+      // Serving has started; recovery runs here, off the request path.
+      self->sessions_->ResolvePending();
+      const absl::Duration grace = absl::Seconds(self->config_.orphan_grace_seconds);
+      self->sessions_->SweepOrphans(grace);
+      Clock* clock = Clock::Real();
+      const absl::Duration reap_every = absl::Seconds(self->config_.reap_interval_seconds);
+      const absl::Duration sweep_every = absl::Seconds(self->config_.orphan_sweep_interval_seconds);
+      absl::Time next_reap = clock->Monotonic() + reap_every;
+      absl::Time next_sweep = clock->Monotonic() + sweep_every;
+      while (!self->stop_reaper_.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+        self->sessions_->FlushActivity();
+        const absl::Time now = clock->Monotonic();
+        if (now >= next_reap) {
+          self->sessions_->RunOnce();
+          next_reap = now + reap_every;
+        }
+        if (now >= next_sweep) {
+          self->sessions_->SweepOrphans(grace);
+          next_sweep = now + sweep_every;
+        }
       }
     });
   }
@@ -170,6 +219,7 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
       {{"address", s->address()},
        {"default_provider", config.default_provider},
        {"instance_id", instance_id},
+       {"deployment_id", s->store_->deployment_id()},
        {"tls", !config.tls_cert_file.empty()},
        {"admin_port", s->admin_port_}});
   if (s->auth_->open()) {
@@ -231,7 +281,11 @@ void BrokerServer::Drain() {
   } else {
     Log(LogLevel::kInfo, "broker.sandboxes_left",
         {{"sessions", sessions_->size()},
-         {"message", "left to their provider-side timeouts (drain_close_sandboxes is false)"}});
+         {"message", store_->durable()
+                         ? "kept for the next start (durable store; drain_close_sandboxes is "
+                           "false)"
+                         : "left to their provider-side timeouts (drain_close_sandboxes is "
+                           "false)"}});
   }
   Shutdown(absl::ZeroDuration());
 }

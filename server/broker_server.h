@@ -24,6 +24,9 @@
 #include "server/reload.h"
 #include "server/session_manager.h"
 #include "server/usage.h"
+#include "server/run_ledger.h"
+#include "server/session_manager.h"
+#include "server/session_store.h"
 
 namespace sandbox {
 
@@ -52,6 +55,8 @@ class BrokerServer {
     // Probe each provider on its own thread every health_probe_interval_seconds
     // (and once at start). Tests turn it off and call ProbeProviders().
     bool health_thread = true;
+    // A store to use instead of the one config.state names (not owned).
+    SessionStore* store = nullptr;
   };
 
   static absl::StatusOr<std::unique_ptr<BrokerServer>> Start(
@@ -82,6 +87,8 @@ class BrokerServer {
   HealthMonitor* health() { return health_.get(); }
   // Probes the providers that are due and publishes the health statuses.
   void ProbeProviders();
+  SessionStore* store() { return store_; }
+  RunLedger* runs() { return runs_.get(); }
 
   // Stops accepting calls, waits up to `grace` for running ones, then closes
   // every session. Idempotent.
@@ -104,6 +111,10 @@ class BrokerServer {
   std::unique_ptr<UsageMeter> usage_;
   std::unique_ptr<SessionAccounting> accounting_;
   std::unique_ptr<PolicyEngine> policy_;
+  // Declared before the session table: they outlive it.
+  std::unique_ptr<SessionStore> owned_store_;
+  SessionStore* store_ = nullptr;
+  std::unique_ptr<RunLedger> runs_;
   std::unique_ptr<SessionManager> sessions_;
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<BrokerCore> core_;

@@ -69,7 +69,35 @@ absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text) {
   c.reflection = r.Bool("reflection", c.reflection);
   c.admin_listen = r.String("admin_listen", c.admin_listen);
   c.drain_grace_seconds = r.Int("drain_grace_seconds", c.drain_grace_seconds, 0, kDay);
+  c.drain_close_sandboxes_set = r.Has("drain_close_sandboxes");
   c.drain_close_sandboxes = r.Bool("drain_close_sandboxes", c.drain_close_sandboxes);
+  {
+    ConfigReader state(r.Object("state"), "state");
+    c.state_backend = state.Enum("backend", c.state_backend, {"sqlite", "memory"});
+    c.state_path = state.String("path", "");
+    RETURN_IF_ERROR(state.Finish());
+    if (c.state_backend == "memory" && !c.state_path.empty()) {
+      return absl::InvalidArgumentError("state.path: only for backend \"sqlite\"");
+    }
+    if (!c.state_path.empty() && c.state_path.front() != '/') {
+      return absl::InvalidArgumentError("state.path: must be an absolute path");
+    }
+  }
+  if (!c.drain_close_sandboxes_set) c.drain_close_sandboxes = c.state_backend == "memory";
+  c.deployment_id = r.String("deployment_id", "");
+  for (char ch : c.deployment_id) {
+    if (!(isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.') ||
+        c.deployment_id.size() > 64) {
+      return absl::InvalidArgumentError("deployment_id: must be 1-64 characters of [A-Za-z0-9._-]");
+    }
+  }
+  c.orphan_sweep_interval_seconds =
+      r.Int("orphan_sweep_interval_seconds", c.orphan_sweep_interval_seconds, 1, kDay);
+  c.orphan_grace_seconds = r.Int("orphan_grace_seconds", c.orphan_grace_seconds, 1, 30 * kDay);
+  c.run_result_ttl_seconds =
+      r.Int("run_result_ttl_seconds", c.run_result_ttl_seconds, 1, 30 * kDay);
+  c.run_results_per_session =
+      r.Int("run_results_per_session", c.run_results_per_session, 1, 100000);
   {
     ConfigReader tls(r.Object("tls"), "tls");
     c.tls_cert_file = tls.String("cert_file", "");

@@ -39,7 +39,23 @@ struct BrokerConfig {
   // On SIGTERM/SIGINT: how long running calls may finish, and whether every
   // live sandbox is then closed (else left to the provider-side timeout).
   int64_t drain_grace_seconds = 30;
+  // Default: false with a durable store (sandboxes stay for the next start),
+  // true with the memory store.
   bool drain_close_sandboxes = true;
+  bool drain_close_sandboxes_set = false;
+  // Durable sessions (README "Durable sessions"). state.backend: "sqlite"
+  // (default) or "memory"; state.path: the SQLite file ("" = the default,
+  // see DefaultStatePath).
+  std::string state_backend = "sqlite";
+  std::string state_path;
+  // Names this broker's sandboxes at the providers; "" = the id kept in the
+  // store (random when it was created).
+  std::string deployment_id;
+  int64_t orphan_sweep_interval_seconds = 300;
+  int64_t orphan_grace_seconds = 300;
+  // How long a finished run_id/call_id result is kept for retries.
+  int64_t run_result_ttl_seconds = 600;
+  int64_t run_results_per_session = 256;
   // TLS for the gRPC listener; off when cert_file is empty. With
   // client_ca_file, clients must present a certificate it signed.
   std::string tls_cert_file;

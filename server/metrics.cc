@@ -94,6 +94,10 @@ void Metrics::SessionCreated(const std::string& provider, const std::string& ten
       .Observe(absl::ToDoubleSeconds(took));
 }
 
+void Metrics::SessionRecovered(const std::string& provider, const std::string& tenant) {
+  sessions_.Add({{"provider", provider}, {"tenant", tenant}}).Increment();
+}
+
 void Metrics::SessionCreateFailed(const std::string& provider, const std::string& code) {
   create_failures_.Add({{"provider", provider}, {"code", code}}).Increment();
 }

@@ -27,6 +27,8 @@ class Metrics {
 
   void SessionCreated(const std::string& provider, const std::string& tenant, absl::Duration took);
   void SessionCreateFailed(const std::string& provider, const std::string& code);
+  // A session loaded from the store at startup (counts as live).
+  void SessionRecovered(const std::string& provider, const std::string& tenant);
   void SessionClosed(const std::string& provider, const std::string& tenant,
                      absl::string_view reason);
   // One RPC. `provider` may be empty (calls without a session).

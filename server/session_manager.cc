@@ -1,11 +1,26 @@
 #include "server/session_manager.h"
 
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/text.h"
+#include "nlohmann/json.hpp"
 
 namespace sandbox {
+namespace {
+
+// A session is marked dirty at most this often for the lazy activity flush.
+constexpr absl::Duration kFlushEvery = absl::Seconds(1);
+
+Language LanguageFromName(const std::string& n) {
+  if (n == "node") return Language::kNode;
+  if (n == "shell") return Language::kShell;
+  return Language::kPython;
+}
+
+}  // namespace
 
 absl::string_view CloseReasonName(CloseReason r) {
   switch (r) {
@@ -33,10 +48,14 @@ struct SessionManager::Session {
   std::string template_name;
   Language language = Language::kPython;
   std::map<std::string, std::string> labels;
+  std::map<std::string, std::string> env;
+  SandboxResources resources;
   absl::Time created_wall;
   absl::Time created_mono;
   absl::Duration idle_timeout;
   absl::Duration max_lifetime;  // zero = none
+  std::string attempt_id;  // tags this session's sandbox at the provider
+  int64_t generation = 1;
 
   // Guarded by SessionManager::mu_.
   SessionStateKind state = SessionStateKind::kCreating;
@@ -49,7 +68,68 @@ struct SessionManager::Session {
   absl::Time last_active_mono;
   absl::Time idle_key = absl::InfiniteFuture();      // key in idle_, if indexed
   absl::Time lifetime_key = absl::InfiniteFuture();  // key in lifetime_
+  // Recovered from the store: the sandbox (sandbox_id) is attached on first
+  // use. `recovered` marks creating/closing rows waiting for ResolvePending.
+  bool adopt_pending = false;
+  bool recovered = false;
+  bool dirty = false;  // in dirty_
+  absl::Time flushed_mono = absl::InfinitePast();
 };
+
+SessionRecord SessionManager::RecordOf(const Session& s, StoredState state) const {
+  SessionRecord r;
+  r.tenant = s.tenant;
+  r.session_id = s.session_id;
+  r.provider = s.provider;
+  r.attempt_id = s.attempt_id;
+  r.sandbox_id = s.sandbox_id;
+  r.state = state;
+  r.generation = s.generation;
+  nlohmann::json spec = {{"template", s.template_name},
+                         {"language", std::string(LanguageName(s.language))},
+                         {"env", s.env},
+                         {"labels", s.labels},
+                         // Per-tenant policy and resources, for adoption.
+                         {"idle_timeout_ms", absl::ToInt64Milliseconds(s.idle_timeout)},
+                         {"max_lifetime_ms", absl::ToInt64Milliseconds(s.max_lifetime)},
+                         {"resources",
+                          {{"memory_bytes", s.resources.memory_bytes},
+                           {"cpus", s.resources.cpus},
+                           {"pids", s.resources.pids},
+                           {"disk_bytes", s.resources.disk_bytes}}}};
+  r.spec_json = spec.dump();
+  r.created_at = s.created_wall;
+  r.last_active_at = s.last_active_wall;
+  return r;
+}
+
+namespace {
+
+SandboxSpec SpecOf(const std::string& tenant, const std::string& session_id,
+                   const std::string& instance_id, const std::string& deployment_id,
+                   const std::string& attempt_id, const std::string& template_name,
+                   Language language, const std::map<std::string, std::string>& env,
+                   const std::map<std::string, std::string>& labels) {
+  SandboxSpec spec;
+  spec.tenant = tenant;
+  spec.session_id = session_id;
+  spec.broker_instance_id = instance_id;
+  spec.deployment_id = deployment_id;
+  spec.attempt_id = attempt_id;
+  spec.template_name = template_name;
+  spec.language = language;
+  spec.env = env;
+  spec.labels = labels;
+  return spec;
+}
+
+}  // namespace
+
+void SessionManager::StoreWrite(const char* what, const absl::Status& st) {
+  if (st.ok()) return;
+  Log(LogLevel::kError, "state.write_failed",
+      {{"what", what}, {"code", absl::StatusCodeToString(st.code())}, {"error", st.message()}});
+}
 
 Lease& Lease::operator=(Lease&& o) noexcept {
   if (this != &o) {
@@ -75,15 +155,47 @@ void Lease::Release() {
 
 SessionManager::SessionManager(const ProviderRegistry* providers, Clock* clock,
                                SessionLimits limits, std::string default_provider,
-                               std::string broker_instance_id, Metrics* metrics)
+                               std::string broker_instance_id, Metrics* metrics,
+                               SessionStore* store)
     : providers_(providers),
       clock_(clock),
       limits_(limits),
       default_provider_(std::move(default_provider)),
       instance_id_(std::move(broker_instance_id)),
-      metrics_(metrics) {}
+      metrics_(metrics),
+      store_(store),
+      deployment_id_(store ? store->deployment_id() : std::string()) {}
 
-SessionManager::~SessionManager() { CloseAll(); }
+SessionManager::~SessionManager() {
+  if (detach_on_shutdown_) {
+    DetachAll();
+  } else {
+    CloseAll();
+  }
+}
+
+void SessionManager::SetDetachOnShutdown(bool detach) { detach_on_shutdown_ = detach; }
+
+void SessionManager::RemoveLocked(Session* s) {
+  if (s->gone) return;
+  UnindexLocked(s);
+  auto t = tenants_.find(s->tenant);
+  if (t != tenants_.end()) {
+    auto it = t->second.find(s->session_id);
+    if (it != t->second.end() && it->second.get() == s) {
+      t->second.erase(it);
+      --total_;
+    }
+    if (t->second.empty()) tenants_.erase(t);
+  }
+  s->gone = true;
+}
+
+void SessionManager::MarkActiveLocked(Session* s) {
+  if (store_ == nullptr || s->dirty || s->gone) return;
+  s->dirty = true;
+  dirty_.emplace_back(s->tenant, s->session_id);
+}
 
 int64_t SessionManager::size() const {
   absl::MutexLock l(&mu_);
@@ -130,6 +242,7 @@ void SessionManager::ReleaseLease(Session* s) {
   if (s->inflight == 0 && s->state == SessionStateKind::kReady && !s->gone) {
     IndexIdleLocked(s);
   }
+  MarkActiveLocked(s);
 }
 
 absl::StatusOr<Lease> SessionManager::Acquire(const std::string& tenant,
@@ -177,6 +290,13 @@ absl::StatusOr<Lease> SessionManager::Acquire(const std::string& tenant,
       s->template_name = create->template_name;
       s->language = create->language;
       s->labels = create->labels;
+      s->env = create->env;
+      s->resources = create->resources;
+      s->attempt_id = RandomHex(8);
+      if (auto g = next_generation_.find({tenant, session_id}); g != next_generation_.end()) {
+        s->generation = g->second;
+        next_generation_.erase(g);
+      }
       s->created_wall = clock_->Now();
       s->created_mono = clock_->Monotonic();
       s->last_active_wall = s->created_wall;
@@ -210,6 +330,12 @@ absl::StatusOr<Lease> SessionManager::Acquire(const std::string& tenant,
           "session \"", session_id, "\" runs on provider \"", s->provider, "\", not \"",
           create->provider, "\"; close it first or use another session id"));
     }
+    if (s->adopt_pending) {
+      absl::Status adopted = AdoptLocked(s);
+      if (IsSandboxGone(adopted)) continue;  // dropped: create anew, or NOT_FOUND
+      if (!adopted.ok()) return adopted;
+      continue;  // look again: the observer ran unlocked
+    }
     if (create != nullptr && !create->template_name.empty() &&
         create->template_name != s->template_name) {
       return absl::FailedPreconditionError(
@@ -231,9 +357,15 @@ absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Sessi
   spec.env = o.env;
   spec.labels = o.labels;
   spec.resources = o.resources;
+  spec.deployment_id = deployment_id_;
+  spec.attempt_id = s->attempt_id;
   const absl::Time start = clock_->Monotonic();
-  absl::StatusOr<std::unique_ptr<Sandbox>> created = provider->Create(spec);
-  absl::Status status = created.status();
+  // Write-ahead: the intent is durable before the provider creates anything.
+  absl::Status status =
+      store_ ? store_->PutSession(RecordOf(*s, StoredState::kCreating)) : absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<Sandbox>> created =
+      status.ok() ? provider->Create(spec) : absl::StatusOr<std::unique_ptr<Sandbox>>(status);
+  status = created.status();
   std::shared_ptr<Sandbox> sandbox;
   if (created.ok()) {
     sandbox = std::move(*created);
@@ -248,13 +380,28 @@ absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Sessi
       }
     }
   }
+  if (status.ok() && store_) {
+    SessionRecord ready = RecordOf(*s, StoredState::kReady);
+    ready.sandbox_id = sandbox->id();
+    status = store_->PutSession(ready);
+    if (!status.ok()) {
+      (void)sandbox->Destroy();
+      sandbox.reset();
+    }
+  }
+  if (!status.ok() && store_) {
+    // Nothing was created (or it was destroyed): forget the intent, keeping
+    // only the generation a vanished predecessor left.
+    SessionRecord tomb = RecordOf(*s, StoredState::kGone);
+    tomb.generation = s->generation - 1;
+    StoreWrite("forget failed create", s->generation > 1
+                                           ? store_->PutSession(tomb)
+                                           : store_->DeleteSession(s->tenant, s->session_id));
+  }
   mu_.Lock();
   if (!status.ok()) {
-    auto t = tenants_.find(s->tenant);
-    t->second.erase(s->session_id);
-    if (t->second.empty()) tenants_.erase(t);
-    --total_;
-    s->gone = true;
+    RemoveLocked(s.get());
+    if (s->generation > 1) next_generation_[{s->tenant, s->session_id}] = s->generation;
     s->create_status = status;
     if (metrics_) {
       metrics_->SessionCreateFailed(s->provider, absl::StatusCodeToString(status.code()));
@@ -292,15 +439,47 @@ absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Sessi
 
 void SessionManager::FinishClose(const std::shared_ptr<Session>& s,
                                  std::shared_ptr<Sandbox> sandbox, CloseReason reason) {
-  absl::Status st = sandbox ? sandbox->Destroy() : absl::OkStatus();
-  mu_.Lock();
-  auto t = tenants_.find(s->tenant);
-  if (t != tenants_.end()) {
-    t->second.erase(s->session_id);
-    if (t->second.empty()) tenants_.erase(t);
+  SessionRecord rec;
+  bool pending = false;
+  {
+    absl::MutexLock l(&mu_);
+    rec = RecordOf(*s, StoredState::kClosing);
+    pending = s->adopt_pending && !s->sandbox_id.empty();
   }
-  --total_;
-  s->gone = true;
+  // Write-ahead: a crash from here on finishes the destroy at next start.
+  if (store_ && reason != CloseReason::kGone) {
+    StoreWrite("closing", store_->PutSession(rec));
+  }
+  absl::Status st = absl::OkStatus();
+  if (sandbox) {
+    st = sandbox->Destroy();
+  } else if (pending && reason != CloseReason::kGone) {
+    // Recovered and never used: attach only to destroy it.
+    absl::StatusOr<Provider*> p = providers_->Find(rec.provider);
+    absl::StatusOr<std::unique_ptr<Sandbox>> att =
+        p.ok() ? (*p)->Attach(rec.sandbox_id,
+                              SpecOf(rec.tenant, rec.session_id, instance_id_, deployment_id_,
+                                     rec.attempt_id, "", Language::kPython, {}, {}))
+               : absl::StatusOr<std::unique_ptr<Sandbox>>(p.status());
+    if (att.ok()) {
+      st = (*att)->Destroy();
+    } else if (!IsSandboxGone(att.status())) {
+      st = att.status();
+    }
+  }
+  if (store_) {
+    if (reason == CloseReason::kGone) {
+      rec.state = StoredState::kGone;  // a tombstone keeping the generation
+      StoreWrite("gone", store_->PutSession(rec));
+    } else if (st.ok()) {
+      StoreWrite("closed", store_->DeleteSession(rec.tenant, rec.session_id));
+    }  // else: the closing row stays, so the next start retries the destroy
+  }
+  mu_.Lock();
+  RemoveLocked(s.get());
+  if (reason == CloseReason::kGone) {
+    next_generation_[{s->tenant, s->session_id}] = s->generation + 1;
+  }
   if (metrics_) metrics_->SessionClosed(s->provider, s->tenant, CloseReasonName(reason));
   Log(st.ok() ? LogLevel::kInfo : LogLevel::kWarning, "session.closed",
       {{"tenant", s->tenant},
@@ -378,6 +557,7 @@ SessionView SessionManager::ViewLocked(const Session& s) const {
     v.resources = s.sandbox->Resources();
     v.usage = s.sandbox->Usage();
   }
+  v.generation = s.generation;
   return v;
 }
 
@@ -420,6 +600,7 @@ absl::StatusOr<absl::Time> SessionManager::KeepAlive(const std::string& tenant,
       s->last_active_mono = clock_->Monotonic();
       s->last_active_wall = clock_->Now();
       if (s->inflight == 0) IndexIdleLocked(s);
+      MarkActiveLocked(s);
       return s->last_active_wall + s->idle_timeout;
     }
   }
@@ -465,6 +646,338 @@ void SessionManager::CloseAll() {
     }
   }
   for (const auto& [tenant, id] : keys) (void)Close(tenant, id, CloseReason::kShutdown);
+}
+
+// ---- durable sessions ------------------------------------------------------
+
+absl::Status SessionManager::AdoptLocked(const std::shared_ptr<Session>& s) {
+  s->state = SessionStateKind::kCreating;  // callers wait: single flight
+  UnindexLocked(s.get());
+  SandboxSpec spec = SpecOf(s->tenant, s->session_id, instance_id_, deployment_id_,
+                            s->attempt_id, s->template_name, s->language, s->env, s->labels);
+  spec.resources = s->resources;
+  const std::string provider_name = s->provider;
+  const std::string sandbox_id = s->sandbox_id;
+  mu_.Unlock();
+  absl::StatusOr<Provider*> p = providers_->Find(provider_name);
+  absl::StatusOr<std::unique_ptr<Sandbox>> att =
+      p.ok() ? (*p)->Attach(sandbox_id, spec)
+             : absl::StatusOr<std::unique_ptr<Sandbox>>(p.status());
+  const bool gone = !att.ok() && (IsSandboxGone(att.status()) ||
+                                  att.status().code() == absl::StatusCode::kUnimplemented ||
+                                  att.status().code() == absl::StatusCode::kNotFound);
+  if (gone && store_) {
+    SessionRecord tomb = RecordOf(*s, StoredState::kGone);
+    StoreWrite("adopt gone", store_->PutSession(tomb));
+  }
+  mu_.Lock();
+  if (att.ok()) {
+    s->sandbox = std::move(*att);
+    s->adopt_pending = false;
+    s->state = SessionStateKind::kReady;
+    if (s->max_lifetime > absl::ZeroDuration()) {
+      s->lifetime_key = s->created_mono + s->max_lifetime;
+      lifetime_.insert({s->lifetime_key, s.get()});
+    }
+    Log(LogLevel::kInfo, "session.adopted",
+        {{"tenant", s->tenant},
+         {"session_id", s->session_id},
+         {"provider", s->provider},
+         {"sandbox_id", s->sandbox_id},
+         {"generation", s->generation}});
+    if (observer_ != nullptr) {
+      const SessionView view = ViewLocked(*s);
+      mu_.Unlock();
+      observer_->SessionAdopted(view);
+      mu_.Lock();
+    }
+    return absl::OkStatus();
+  }
+  if (gone) {
+    RemoveLocked(s.get());
+    if (metrics_)
+      metrics_->SessionClosed(s->provider, s->tenant, CloseReasonName(CloseReason::kGone));
+    next_generation_[{s->tenant, s->session_id}] = s->generation + 1;
+    Log(LogLevel::kInfo, "session.adopt_gone",
+        {{"tenant", s->tenant},
+         {"session_id", s->session_id},
+         {"sandbox_id", s->sandbox_id},
+         {"reason", att.status().message()}});
+    return SandboxGoneError(att.status().message());
+  }
+  // Retryable (provider unreachable): stays recovered; the next call retries.
+  s->state = SessionStateKind::kReady;
+  if (s->inflight == 0) IndexIdleLocked(s.get());
+  return att.status();
+}
+
+absl::StatusOr<int64_t> SessionManager::LoadFromStore() {
+  if (store_ == nullptr) return 0;
+  absl::StatusOr<std::vector<SessionRecord>> rows = store_->LoadSessions();
+  if (!rows.ok()) return rows.status();
+  const absl::Time now_wall = clock_->Now();
+  const absl::Time now_mono = clock_->Monotonic();
+  int64_t n = 0;
+  absl::MutexLock l(&mu_);
+  for (SessionRecord& r : *rows) {
+    if (r.state == StoredState::kGone) {
+      next_generation_[{r.tenant, r.session_id}] = r.generation + 1;
+      continue;
+    }
+    auto s = std::make_shared<Session>();
+    s->tenant = r.tenant;
+    s->session_id = r.session_id;
+    s->provider = r.provider;
+    s->idle_timeout = limits_.idle_timeout;  // unless the row says otherwise
+    s->max_lifetime = limits_.max_lifetime;
+    s->attempt_id = r.attempt_id;
+    s->sandbox_id = r.sandbox_id;
+    s->generation = r.generation;
+    nlohmann::json spec = nlohmann::json::parse(r.spec_json, nullptr, false);
+    if (spec.is_object()) {
+      s->template_name = spec.value("template", "");
+      s->language = LanguageFromName(spec.value("language", "python"));
+      if (spec.contains("env") && spec["env"].is_object()) {
+        s->env = spec["env"].get<std::map<std::string, std::string>>();
+      }
+      if (spec.contains("labels") && spec["labels"].is_object()) {
+        s->labels = spec["labels"].get<std::map<std::string, std::string>>();
+      }
+      const int64_t idle_ms = spec.value("idle_timeout_ms", int64_t{0});
+      const int64_t life_ms = spec.value("max_lifetime_ms", int64_t{-1});
+      if (idle_ms > 0) s->idle_timeout = absl::Milliseconds(idle_ms);
+      if (life_ms >= 0) s->max_lifetime = absl::Milliseconds(life_ms);
+      if (spec.contains("resources") && spec["resources"].is_object()) {
+        const nlohmann::json& res = spec["resources"];
+        s->resources.memory_bytes = res.value("memory_bytes", int64_t{0});
+        s->resources.cpus = res.value("cpus", 0.0);
+        s->resources.pids = res.value("pids", int64_t{0});
+        s->resources.disk_bytes = res.value("disk_bytes", int64_t{0});
+      }
+    }
+    // Deadlines continue by wall clock: time spent down counts.
+    s->created_wall = r.created_at;
+    s->created_mono = now_mono - (now_wall - r.created_at);
+    s->last_active_wall = r.last_active_at;
+    s->last_active_mono = now_mono - (now_wall - r.last_active_at);
+    switch (r.state) {
+      case StoredState::kReady:
+        s->state = SessionStateKind::kReady;
+        s->adopt_pending = true;
+        IndexIdleLocked(s.get());
+        if (s->max_lifetime > absl::ZeroDuration()) {
+          s->lifetime_key = s->created_mono + s->max_lifetime;
+          lifetime_.insert({s->lifetime_key, s.get()});
+        }
+        break;
+      case StoredState::kCreating:
+        s->state = SessionStateKind::kCreating;
+        s->recovered = true;
+        break;
+      case StoredState::kClosing:
+        s->state = SessionStateKind::kClosing;
+        s->recovered = true;
+        s->adopt_pending = !s->sandbox_id.empty();
+        break;
+      case StoredState::kGone:
+        break;
+    }
+    auto& sessions = tenants_[r.tenant];
+    if (sessions.emplace(r.session_id, s).second) {
+      ++total_;
+      ++n;
+      if (metrics_) metrics_->SessionRecovered(s->provider, s->tenant);
+    }
+  }
+  return n;
+}
+
+void SessionManager::ResolvePending() {
+  std::vector<std::shared_ptr<Session>> creating, closing;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto& [tenant, sessions] : tenants_) {
+      for (auto& [id, s] : sessions) {
+        if (!s->recovered) continue;
+        (s->state == SessionStateKind::kCreating ? creating : closing).push_back(s);
+      }
+    }
+  }
+  // One list call per provider resolves every creating row on it.
+  std::map<std::string, std::map<std::string, std::string>>
+      by_attempt;  // provider -> attempt -> id
+  std::map<std::string, bool> listed;
+  for (auto& s : creating) {
+    if (listed.count(s->provider)) continue;
+    absl::StatusOr<Provider*> p = providers_->Find(s->provider);
+    absl::StatusOr<std::vector<OwnedSandbox>> owned =
+        p.ok() ? (*p)->ListOwned(deployment_id_)
+               : absl::StatusOr<std::vector<OwnedSandbox>>(p.status());
+    listed[s->provider] = owned.ok();
+    if (!owned.ok()) {
+      Log(LogLevel::kWarning, "state.resolve_list_failed",
+          {{"provider", s->provider}, {"error", owned.status().message()}});
+      continue;
+    }
+    for (const OwnedSandbox& o : *owned) by_attempt[s->provider][o.attempt_id] = o.sandbox_id;
+  }
+  for (auto& s : creating) {
+    auto it = by_attempt[s->provider].find(s->attempt_id);
+    const bool found = it != by_attempt[s->provider].end();
+    SessionRecord rec;
+    {
+      absl::MutexLock l(&mu_);
+      if (found) s->sandbox_id = it->second;
+      rec = RecordOf(*s, found ? StoredState::kReady : StoredState::kGone);
+    }
+    if (store_) {
+      if (found) {
+        StoreWrite("resolve ready", store_->PutSession(rec));
+      } else if (rec.generation > 1) {
+        rec.generation -= 1;
+        StoreWrite("resolve forget", store_->PutSession(rec));
+      } else {
+        StoreWrite("resolve forget", store_->DeleteSession(rec.tenant, rec.session_id));
+      }
+    }
+    absl::MutexLock l(&mu_);
+    s->recovered = false;
+    if (found) {
+      s->state = SessionStateKind::kReady;
+      s->adopt_pending = true;
+      IndexIdleLocked(s.get());
+      if (s->max_lifetime > absl::ZeroDuration()) {
+        s->lifetime_key = s->created_mono + s->max_lifetime;
+        lifetime_.insert({s->lifetime_key, s.get()});
+      }
+    } else {
+      RemoveLocked(s.get());
+      if (metrics_)
+        metrics_->SessionClosed(s->provider, s->tenant, CloseReasonName(CloseReason::kGone));
+      if (s->generation > 1) next_generation_[{s->tenant, s->session_id}] = s->generation;
+    }
+    Log(LogLevel::kInfo, "session.resolved",
+        {{"tenant", s->tenant},
+         {"session_id", s->session_id},
+         {"outcome", found ? "adopted" : "forgotten"},
+         {"sandbox_id", s->sandbox_id}});
+  }
+  for (auto& s : closing) {
+    {
+      absl::MutexLock l(&mu_);
+      s->recovered = false;
+    }
+    FinishClose(s, nullptr, CloseReason::kShutdown);
+  }
+}
+
+int SessionManager::SweepOrphans(absl::Duration grace) {
+  if (store_ == nullptr) return 0;
+  int destroyed = 0;
+  for (const std::string& name : providers_->Names()) {
+    absl::StatusOr<Provider*> p = providers_->Find(name);
+    if (!p.ok()) continue;
+    absl::StatusOr<std::vector<OwnedSandbox>> listed = (*p)->ListOwned(deployment_id_);
+    if (!listed.ok()) {
+      if (listed.status().code() != absl::StatusCode::kUnimplemented) {
+        Log(LogLevel::kWarning, "sweep.list_failed",
+            {{"provider", name}, {"error", listed.status().message()}});
+      }
+      continue;
+    }
+    std::vector<OwnedSandbox> orphans;
+    {
+      absl::MutexLock l(&mu_);
+      std::set<std::string> owned_ids, owned_attempts;
+      for (const auto& [tenant, sessions] : tenants_) {
+        for (const auto& [id, s] : sessions) {
+          if (!s->sandbox_id.empty()) owned_ids.insert(s->sandbox_id);
+          owned_attempts.insert(s->attempt_id);
+        }
+      }
+      const absl::Time now = clock_->Now();
+      std::map<std::string, absl::Time> seen;
+      for (const OwnedSandbox& o : *listed) {
+        if (owned_ids.count(o.sandbox_id) || owned_attempts.count(o.attempt_id)) continue;
+        absl::Time born = o.created_at;
+        if (born == absl::InfinitePast()) {
+          auto f = first_seen_.find(o.sandbox_id);
+          born = f == first_seen_.end() ? now : f->second;
+          seen[o.sandbox_id] = born;
+        }
+        if (now - born >= grace) orphans.push_back(o);
+      }
+      first_seen_ = std::move(seen);
+    }
+    for (const OwnedSandbox& o : orphans) {
+      SandboxSpec spec = SpecOf(o.tenant, o.session_id, instance_id_, deployment_id_, o.attempt_id,
+                                "", Language::kPython, {}, {});
+      absl::StatusOr<std::unique_ptr<Sandbox>> att = (*p)->Attach(o.sandbox_id, spec);
+      absl::Status st = att.ok() ? (*att)->Destroy() : att.status();
+      if (!att.ok() && IsSandboxGone(st)) continue;
+      Log(st.ok() ? LogLevel::kInfo : LogLevel::kWarning, "sweep.orphan_destroyed",
+          {{"provider", name},
+           {"sandbox_id", o.sandbox_id},
+           {"session_id", o.session_id},
+           {"result", st.ok() ? std::string("ok") : std::string(st.message())}});
+      if (st.ok()) ++destroyed;
+    }
+  }
+  return destroyed;
+}
+
+void SessionManager::FlushActivity() {
+  if (store_ == nullptr) return;
+  std::vector<SessionStore::Touch> touches;
+  {
+    absl::MutexLock l(&mu_);
+    if (dirty_.empty()) return;
+    const absl::Time now = clock_->Monotonic();
+    std::vector<std::pair<std::string, std::string>> keep;
+    for (auto& key : dirty_) {
+      auto t = tenants_.find(key.first);
+      if (t == tenants_.end()) continue;
+      auto it = t->second.find(key.second);
+      if (it == t->second.end()) continue;
+      Session* s = it->second.get();
+      if (s->flushed_mono + kFlushEvery > now) {
+        keep.push_back(std::move(key));
+        continue;
+      }
+      s->dirty = false;
+      s->flushed_mono = now;
+      touches.push_back({s->tenant, s->session_id, s->last_active_wall});
+    }
+    dirty_ = std::move(keep);
+  }
+  StoreWrite("activity", store_->TouchSessions(touches));
+}
+
+void SessionManager::DetachAll() {
+  std::vector<std::shared_ptr<Sandbox>> sandboxes;
+  std::vector<SessionStore::Touch> touches;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto& [tenant, sessions] : tenants_) {
+      for (auto& [id, s] : sessions) {
+        touches.push_back({s->tenant, s->session_id, s->last_active_wall});
+        if (s->sandbox) sandboxes.push_back(std::move(s->sandbox));
+        s->gone = true;
+        s->idle_key = s->lifetime_key = absl::InfiniteFuture();
+      }
+    }
+    tenants_.clear();
+    idle_.clear();
+    lifetime_.clear();
+    dirty_.clear();
+    total_ = 0;
+  }
+  if (store_) StoreWrite("activity", store_->TouchSessions(touches));
+  for (auto& sb : sandboxes) sb->Detach();
+  if (!sandboxes.empty()) {
+    Log(LogLevel::kInfo, "sessions.detached",
+        {{"sandboxes", static_cast<int64_t>(sandboxes.size())}});
+  }
 }
 
 }  // namespace sandbox

@@ -17,6 +17,7 @@
 #include "adapters/api/registry.h"
 #include "common/clock.h"
 #include "server/metrics.h"
+#include "server/session_store.h"
 
 namespace sandbox {
 
@@ -67,6 +68,9 @@ struct SessionView {
   // Limits applied and current use, when the provider reports them.
   std::optional<SandboxResources> resources;
   std::optional<SandboxUsage> usage;
+  // 1 for the session's first sandbox, +1 for each new one after its
+  // sandbox vanished at the provider.
+  int64_t generation = 1;
 };
 
 // Why a session ended, for logs and metrics.
@@ -128,11 +132,38 @@ class Lease {
 // Thread-safe.
 class SessionManager {
  public:
-  // `metrics` may be null.
+  // `metrics` and `store` may be null (no store: nothing is written ahead
+  // and nothing is recovered).
   SessionManager(const ProviderRegistry* providers, Clock* clock, SessionLimits limits,
                  std::string default_provider, std::string broker_instance_id,
-                 Metrics* metrics = nullptr);
+                 Metrics* metrics = nullptr, SessionStore* store = nullptr);
+  // Closes every session, or (SetDetachOnShutdown) lets go of them.
   ~SessionManager();
+
+  // ---- durable sessions (see README "Durable sessions") ----
+
+  // Loads the store's sessions into the table without calling any provider:
+  // ready rows become sessions whose sandbox is attached on first use (or
+  // destroyed when they idle out); creating and closing rows wait for
+  // ResolvePending. Idle deadlines continue by wall clock. Returns how many
+  // sessions were loaded.
+  absl::StatusOr<int64_t> LoadFromStore();
+  // Resolves rows a crash left mid-way: creating rows through the attempt
+  // tag at the provider (adopted if the sandbox exists, else forgotten),
+  // closing rows by finishing the destroy. One ListOwned call per provider.
+  void ResolvePending();
+  // Destroys sandboxes tagged with this deployment that no session owns and
+  // that are at least `grace` old. Returns how many were destroyed.
+  int SweepOrphans(absl::Duration grace);
+  // Writes last-activity times changed since the last flush (at most once a
+  // second per session). Cheap when nothing changed.
+  void FlushActivity();
+  // On destruction, let go of sandboxes (Sandbox::Detach) instead of closing
+  // them, so the next process adopts them.
+  void SetDetachOnShutdown(bool detach);
+  // Forgets every session without destroying its sandbox; rows stay.
+  void DetachAll();
+  const std::string& deployment_id() const { return deployment_id_; }
 
   // A lease on the session. When it has no sandbox and `create` is set, one
   // is created (concurrent callers share one creation; a failed creation is
@@ -193,6 +224,15 @@ class SessionManager {
                    CloseReason reason);
   absl::StatusOr<Lease> CreateAndLease(const std::shared_ptr<Session>& s, Provider* provider,
                                        const CreateOptions& o);
+  // Attaches a recovered session's sandbox (mu_ held; released around the
+  // provider call). OK: ready with a sandbox. A gone sandbox: the session is
+  // removed (its next sandbox gets generation + 1).
+  absl::Status AdoptLocked(const std::shared_ptr<Session>& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveLocked(Session* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MarkActiveLocked(Session* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  SessionRecord RecordOf(const Session& s, StoredState state) const;
+  // Store write failures are logged; the in-memory table stays the truth.
+  void StoreWrite(const char* what, const absl::Status& s);
   Lease MakeLeaseLocked(const std::shared_ptr<Session>& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ProviderRegistry* const providers_;
@@ -205,6 +245,9 @@ class SessionManager {
 
   bool MatchesLocked(const Session& s, const SessionFilter& f) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  SessionStore* const store_;
+  const std::string deployment_id_;
+  bool detach_on_shutdown_ = false;
 
   mutable absl::Mutex mu_;
   // tenant -> (session id -> session), ordered for paging.
@@ -215,6 +258,12 @@ class SessionManager {
   absl::btree_set<std::pair<absl::Time, Session*>> idle_ ABSL_GUARDED_BY(mu_);
   // Sessions by max-lifetime deadline (monotonic), when one is set.
   absl::btree_set<std::pair<absl::Time, Session*>> lifetime_ ABSL_GUARDED_BY(mu_);
+  // Sessions whose last activity is not yet in the store.
+  std::vector<std::pair<std::string, std::string>> dirty_ ABSL_GUARDED_BY(mu_);
+  // Sessions whose sandbox vanished: the generation their next one gets.
+  std::map<std::pair<std::string, std::string>, int64_t> next_generation_ ABSL_GUARDED_BY(mu_);
+  // Orphan candidates without a provider creation time: when first seen.
+  std::map<std::string, absl::Time> first_seen_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace sandbox

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
@@ -69,6 +70,25 @@ struct SandboxSpec {
   std::map<std::string, std::string> env;  // applied to every exec
   std::map<std::string, std::string> labels;
   SandboxResources resources;
+  // Durable sessions: the broker deployment that owns the sandbox and the
+  // create attempt that made it. A provider tags what it creates with both
+  // (E2B metadata, Daytona labels, a marker beside a local workspace) so
+  // ListOwned can find it after a crash. Empty = untagged.
+  std::string deployment_id;
+  std::string attempt_id;
+};
+
+// Tags (E2B metadata, Daytona labels) that name a sandbox's owner.
+inline constexpr char kDeploymentTag[] = "sandbox-broker.deployment-id";
+inline constexpr char kAttemptTag[] = "sandbox-broker.attempt-id";
+
+// A sandbox this deployment created, as the provider lists it.
+struct OwnedSandbox {
+  std::string sandbox_id;
+  std::string attempt_id;
+  std::string tenant;
+  std::string session_id;
+  absl::Time created_at = absl::InfinitePast();  // InfinitePast = unknown
 };
 
 struct ExecRequest {
@@ -143,6 +163,12 @@ class Sandbox {
   // Destroys the sandbox: kills what runs in it and frees its resources.
   // Idempotent; a sandbox that is already gone is success.
   virtual absl::Status Destroy() = 0;
+
+  // Lets go of the sandbox without destroying it (graceful restart with a
+  // durable store): afterwards the destructor leaves it alive at the
+  // provider, for Provider::Attach in the next process. Processes running
+  // in it may be killed. Default: nothing to let go of.
+  virtual void Detach() {}
 };
 
 // A sandbox backend. Thread-safe.
@@ -162,6 +188,27 @@ class Provider {
   // the local provider runs a probe sandbox, remote ones call their API.
   // The error says why not. Must not create anything that outlives it.
   virtual absl::Status CheckHealth() { return absl::OkStatus(); }
+
+  // Durable sessions. Both have defaults for providers that lack them:
+  // UNIMPLEMENTED, so sessions on such a provider are not adopted after a
+  // restart (they are dropped and recreated) and are never swept.
+
+  // A sandbox object on an existing sandbox, by id (the next process after a
+  // restart). `spec` is what it was created from (env, language). Brings a
+  // paused/stopped sandbox back and extends provider-side timers. Errors:
+  // SandboxGoneError (UNAVAILABLE + payload) when it no longer exists;
+  // INVALID_ARGUMENT for an id this provider never makes; UNAVAILABLE
+  // (unreachable; retryable). Idempotent.
+  virtual absl::StatusOr<std::unique_ptr<Sandbox>> Attach(const std::string& sandbox_id,
+                                                          const SandboxSpec& spec) {
+    return absl::UnimplementedError(absl::StrCat(name(), ": cannot attach to sandboxes"));
+  }
+
+  // Every live sandbox tagged with `deployment_id` (never untagged ones or
+  // another deployment's). Errors: UNAVAILABLE (unreachable). Idempotent.
+  virtual absl::StatusOr<std::vector<OwnedSandbox>> ListOwned(const std::string& deployment_id) {
+    return absl::UnimplementedError(absl::StrCat(name(), ": cannot list sandboxes"));
+  }
 };
 
 }  // namespace sandbox

@@ -165,6 +165,12 @@ class DaytonaSandbox final : public Sandbox {
     return RefreshActivity(true);
   }
 
+  // Graceful restart: the sandbox lives on (its auto-stop timer still runs).
+  void Detach() override {
+    absl::MutexLock l(&mu_);
+    destroyed_ = true;
+  }
+
   absl::Status Destroy() override {
     {
       absl::MutexLock l(&mu_);
@@ -319,6 +325,10 @@ absl::StatusOr<std::unique_ptr<Sandbox>> DaytonaProvider::Create(const SandboxSp
   p.labels["sandbox-broker.session-id"] = spec.session_id;
   p.labels["sandbox-broker.instance-id"] = spec.broker_instance_id;
   p.labels[daytona::kLanguageLabel] = LanguageLabel(spec.language);
+  if (!spec.deployment_id.empty()) {
+    p.labels[kDeploymentTag] = spec.deployment_id;
+    p.labels[kAttemptTag] = spec.attempt_id;
+  }
   if (!config_.workspace.empty()) {
     p.name = absl::StrCat(config_.workspace, "-", spec.session_id, "-", RandomHex(3));
   }
@@ -384,6 +394,116 @@ absl::StatusOr<std::unique_ptr<Sandbox>> DaytonaProvider::Create(const SandboxSp
   std::string toolbox = absl::StrCat(proxy, absl::EndsWith(proxy, "/") ? "" : "/", dto.id);
   return std::unique_ptr<Sandbox>(
       new DaytonaSandbox(this, dto.id, std::move(toolbox), spec.language, spec));
+}
+
+// ---- durable sessions ------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<Sandbox>> DaytonaProvider::Attach(const std::string& sandbox_id,
+                                                                 const SandboxSpec& spec) {
+  if (sandbox_id.empty() || sandbox_id.find_first_of("/?#% ") != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("daytona: \"", sandbox_id, "\" is not a sandbox id"));
+  }
+  auto gone = [&] {
+    return SandboxGoneError(absl::StrCat("daytona: sandbox ", sandbox_id, " no longer exists"));
+  };
+  Clock* clock = Clock::Real();
+  const absl::Time deadline = clock->Monotonic() + absl::Seconds(config_.create_timeout_seconds);
+  absl::Duration every = absl::Milliseconds(100);
+  bool started = false;
+  daytona::SandboxDto dto;
+  while (true) {
+    ASSIGN_OR_RETURN(HttpResponse got, Api("GET", absl::StrCat("/sandbox/", sandbox_id), ""));
+    if (got.status == 404) return gone();
+    if (got.status / 100 != 2) return daytona::HttpError("get sandbox", got.status, got.body);
+    ASSIGN_OR_RETURN(dto, daytona::ParseSandbox(got.body));
+    if (dto.state == "started") break;
+    if (dto.state == "destroyed" || dto.state == "destroying" || dto.state == "error" ||
+        dto.state == "build_failed") {
+      return gone();
+    }
+    if ((dto.state == "stopped" || dto.state == "archived") && !started) {
+      // Stopped by its auto-stop timer while the broker was away: start it.
+      ASSIGN_OR_RETURN(HttpResponse st,
+                       Api("POST", absl::StrCat("/sandbox/", sandbox_id, "/start"), ""));
+      if (st.status == 404) return gone();
+      if (st.status / 100 != 2) return daytona::HttpError("start sandbox", st.status, st.body);
+      started = true;
+      continue;
+    }
+    if (clock->Monotonic() + every > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("daytona: sandbox ", sandbox_id, " did not start (state ", dto.state, ")"));
+    }
+    absl::SleepFor(every);
+    every = std::min(every * 1.1, absl::Seconds(1));
+  }
+  std::string proxy = dto.toolbox_proxy_url;
+  if (proxy.empty()) {
+    auto r = Api("GET", absl::StrCat("/sandbox/", sandbox_id, "/toolbox-proxy-url"), "");
+    if (r.ok() && r->status == 200) {
+      nlohmann::json j = nlohmann::json::parse(r->body, nullptr, false);
+      if (j.is_object() && j.contains("url") && j["url"].is_string()) {
+        proxy = j["url"].get<std::string>();
+      }
+    }
+    if (proxy.empty()) return absl::UnavailableError("daytona: no toolbox proxy URL");
+  }
+  // The language was fixed at creation: its label says which.
+  Language language = spec.language;
+  auto lang = dto.labels.find(daytona::kLanguageLabel);
+  if (lang != dto.labels.end()) {
+    language = lang->second == "javascript" || lang->second == "typescript" ? Language::kNode
+                                                                            : Language::kPython;
+  }
+  std::string toolbox = absl::StrCat(proxy, absl::EndsWith(proxy, "/") ? "" : "/", dto.id);
+  return std::unique_ptr<Sandbox>(
+      new DaytonaSandbox(this, dto.id, std::move(toolbox), language, spec));
+}
+
+absl::StatusOr<std::vector<OwnedSandbox>> DaytonaProvider::ListOwned(
+    const std::string& deployment_id) {
+  const std::string labels = nlohmann::json({{kDeploymentTag, deployment_id}}).dump();
+  std::vector<OwnedSandbox> out;
+  std::string cursor;
+  for (int page = 0; page < 10000; ++page) {
+    std::string path =
+        absl::StrCat("/sandbox?labels=", HttpClient::UrlEncode(labels), "&limit=100");
+    if (!cursor.empty()) absl::StrAppend(&path, "&cursor=", HttpClient::UrlEncode(cursor));
+    ASSIGN_OR_RETURN(HttpResponse resp, Api("GET", path, ""));
+    if (resp.status != 200) return daytona::HttpError("list sandboxes", resp.status, resp.body);
+    nlohmann::json j = nlohmann::json::parse(resp.body, nullptr, false);
+    const nlohmann::json* items = nullptr;
+    if (j.is_object() && j.contains("items") && j["items"].is_array()) {
+      items = &j["items"];
+    } else if (j.is_array()) {
+      items = &j;  // older servers: a bare array
+    } else {
+      return absl::UnavailableError("daytona: list sandboxes: unexpected reply");
+    }
+    for (const auto& item : *items) {
+      if (!item.is_object() || !item.contains("id") || !item["id"].is_string()) continue;
+      std::map<std::string, std::string> l;
+      if (item.contains("labels") && item["labels"].is_object()) {
+        for (auto it = item["labels"].begin(); it != item["labels"].end(); ++it) {
+          if (it.value().is_string()) l[it.key()] = it.value().get<std::string>();
+        }
+      }
+      if (l[kDeploymentTag] != deployment_id) continue;  // never another deployment's
+      const std::string state = item.value("state", "");
+      if (state == "destroyed" || state == "destroying") continue;
+      const std::string created =
+          item.contains("createdAt") && item["createdAt"].is_string() ? item["createdAt"] : "";
+      OwnedSandbox o = OwnedFromTags(item["id"].get<std::string>(), l, created);
+      out.push_back(std::move(o));
+    }
+    cursor.clear();
+    if (j.is_object() && j.contains("nextCursor") && j["nextCursor"].is_string()) {
+      cursor = j["nextCursor"].get<std::string>();
+    }
+    if (cursor.empty()) break;
+  }
+  return out;
 }
 
 }  // namespace sandbox

@@ -49,6 +49,11 @@ class DaytonaProvider final : public Provider {
   absl::StatusOr<std::unique_ptr<Sandbox>> Create(const SandboxSpec& spec) override;
   // The control plane answers an authenticated list (429 counts as up).
   absl::Status CheckHealth() override;
+  // Durable sessions: get by id (starting it when its auto-stop stopped it;
+  // 404 or destroyed = gone), and list by the deployment label (all pages).
+  absl::StatusOr<std::unique_ptr<Sandbox>> Attach(const std::string& sandbox_id,
+                                                  const SandboxSpec& spec) override;
+  absl::StatusOr<std::vector<OwnedSandbox>> ListOwned(const std::string& deployment_id) override;
 
   const DaytonaConfig& config() const { return config_; }
   HttpClient* http() { return http_.get(); }

@@ -228,6 +228,12 @@ class E2BSandbox final : public Sandbox {
     return EnsureTtl(ttl_);
   }
 
+  // Graceful restart: the sandbox lives on (its E2B timeout still runs).
+  void Detach() override {
+    absl::MutexLock l(&mu_);
+    destroyed_ = true;
+  }
+
   absl::Status Destroy() override {
     {
       absl::MutexLock l(&mu_);
@@ -410,6 +416,10 @@ absl::StatusOr<std::unique_ptr<Sandbox>> E2BProvider::Create(const SandboxSpec& 
   metadata["sandbox-broker.tenant"] = spec.tenant;
   metadata["sandbox-broker.session-id"] = spec.session_id;
   metadata["sandbox-broker.instance-id"] = spec.broker_instance_id;
+  if (!spec.deployment_id.empty()) {
+    metadata[kDeploymentTag] = spec.deployment_id;
+    metadata[kAttemptTag] = spec.attempt_id;
+  }
   const std::string template_id =
       spec.template_name.empty() ? config_.template_id : spec.template_name;
   const std::string body =
@@ -419,6 +429,67 @@ absl::StatusOr<std::unique_ptr<Sandbox>> E2BProvider::Create(const SandboxSpec& 
   ASSIGN_OR_RETURN(e2b::SandboxInfo info, e2b::ParseSandbox(resp.body));
   return std::unique_ptr<Sandbox>(
       new E2BSandbox(this, std::move(info), spec, config_.sandbox_timeout_seconds));
+}
+
+// ---- durable sessions ------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<Sandbox>> E2BProvider::Attach(const std::string& sandbox_id,
+                                                             const SandboxSpec& spec) {
+  if (sandbox_id.empty() || sandbox_id.find_first_of("/?#% ") != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("e2b: \"", sandbox_id, "\" is not a sandbox id"));
+  }
+  // Connect resumes a paused sandbox and extends a running one's timeout.
+  ASSIGN_OR_RETURN(
+      HttpResponse resp,
+      ControlRequest("POST", absl::StrCat("/v2/sandboxes/", sandbox_id, "/connect"),
+                     absl::StrCat("{\"timeout\":", config_.sandbox_timeout_seconds, "}")));
+  if (resp.status == 404) {
+    return SandboxGoneError(absl::StrCat("e2b: sandbox ", sandbox_id, " no longer exists"));
+  }
+  if (resp.status / 100 != 2) return e2b::HttpError("connect sandbox", resp.status, resp.body);
+  ASSIGN_OR_RETURN(e2b::SandboxInfo info, e2b::ParseSandbox(resp.body));
+  if (info.sandbox_id.empty()) info.sandbox_id = sandbox_id;
+  return std::unique_ptr<Sandbox>(
+      new E2BSandbox(this, std::move(info), spec, config_.sandbox_timeout_seconds));
+}
+
+absl::StatusOr<std::vector<OwnedSandbox>> E2BProvider::ListOwned(const std::string& deployment_id) {
+  // As the SDK encodes a metadata query (see the protocol notes): each key
+  // and value encoded, joined as a query string, encoded once more.
+  const std::string query =
+      absl::StrCat(HttpClient::UrlEncode(HttpClient::UrlEncode(kDeploymentTag)), "=",
+                   HttpClient::UrlEncode(HttpClient::UrlEncode(deployment_id)));
+  std::vector<OwnedSandbox> out;
+  std::string next;
+  for (int page = 0; page < 10000; ++page) {
+    std::string path = absl::StrCat("/v2/sandboxes?metadata=", HttpClient::UrlEncode(query),
+                                    "&state=running,paused&limit=100");
+    if (!next.empty()) absl::StrAppend(&path, "&nextToken=", HttpClient::UrlEncode(next));
+    ASSIGN_OR_RETURN(HttpResponse resp, ControlRequest("GET", path, ""));
+    if (resp.status != 200) return e2b::HttpError("list sandboxes", resp.status, resp.body);
+    nlohmann::json j = nlohmann::json::parse(resp.body, nullptr, false);
+    if (!j.is_array()) return absl::UnavailableError("e2b: list sandboxes: not a JSON array");
+    for (const auto& item : j) {
+      if (!item.is_object() || !item.contains("sandboxID") || !item["sandboxID"].is_string()) {
+        continue;
+      }
+      std::map<std::string, std::string> md;
+      if (item.contains("metadata") && item["metadata"].is_object()) {
+        for (auto it = item["metadata"].begin(); it != item["metadata"].end(); ++it) {
+          if (it.value().is_string()) md[it.key()] = it.value().get<std::string>();
+        }
+      }
+      if (md[kDeploymentTag] != deployment_id) continue;  // never another deployment's
+      const std::string started =
+          item.contains("startedAt") && item["startedAt"].is_string() ? item["startedAt"] : "";
+      OwnedSandbox o = OwnedFromTags(item["sandboxID"].get<std::string>(), md, started);
+      out.push_back(std::move(o));
+    }
+    next = resp.Header("x-next-token");
+    if (next.empty()) break;
+  }
+  return out;
 }
 
 }  // namespace sandbox

@@ -44,6 +44,12 @@ class E2BProvider final : public Provider {
   absl::StatusOr<std::unique_ptr<Sandbox>> Create(const SandboxSpec& spec) override;
   // The control plane answers an authenticated list (429 counts as up).
   absl::Status CheckHealth() override;
+  // Durable sessions: connect by id (resumes a paused sandbox, extends its
+  // timeout to sandbox_timeout_seconds; 404 = gone), and list by the
+  // deployment metadata tag (running and paused, all pages).
+  absl::StatusOr<std::unique_ptr<Sandbox>> Attach(const std::string& sandbox_id,
+                                                  const SandboxSpec& spec) override;
+  absl::StatusOr<std::vector<OwnedSandbox>> ListOwned(const std::string& deployment_id) override;
 
   HttpClient* http() { return http_.get(); }
   const E2BConfig& config() const { return config_; }

@@ -22,6 +22,7 @@
 #include <cstring>
 #include <fstream>
 #include <set>
+#include <sstream>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/cleanup/cleanup.h"
@@ -189,6 +190,56 @@ int ChownEntry(const char* path, const struct stat*, int, struct FTW*) {
 void ChownTree(const std::string& path, uid_t uid) {
   g_chown_uid = uid;
   nftw(path.c_str(), ChownEntry, 64, FTW_PHYS);
+}
+
+// ---- durable sessions: the owner marker of each sandbox -------------------
+// <workspace_root>/.owners/<sandbox id> (JSON: deployment_id, attempt_id,
+// tenant, session_id, created_at) tags a sandbox with the deployment and
+// create attempt that made it. It lives outside <workspace_root>/<id>/ so it
+// can be written before that directory exists and removed after it is gone:
+// a crash at any point of a create or destroy leaves the sandbox (or what
+// is left of it) findable by ListOwned and removable through Attach+Destroy.
+// Sandboxes made without a deployment id (and the probe sandbox) have none.
+
+std::string OwnerMarkerPath(const std::string& root, const std::string& id) {
+  return absl::StrCat(root, "/.owners/", id);
+}
+
+absl::Status WriteOwnerMarker(const std::string& root, const std::string& id,
+                              const SandboxSpec& spec) {
+  nlohmann::json j = {{"deployment_id", spec.deployment_id},
+                      {"attempt_id", spec.attempt_id},
+                      {"tenant", spec.tenant},
+                      {"session_id", spec.session_id},
+                      {"created_at", absl::ToUnixSeconds(absl::Now())}};
+  mkdir(absl::StrCat(root, "/.owners").c_str(), 0700);
+  const std::string path = OwnerMarkerPath(root, id);
+  const std::string tmp = path + ".new";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << j.dump();
+    if (!out.flush()) {
+      return absl::InternalError(absl::StrCat("local: cannot write ", tmp));
+    }
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("local: cannot write ", path, ": ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+void RemoveOwnerMarker(const std::string& root, const std::string& id) {
+  unlink(OwnerMarkerPath(root, id).c_str());
+}
+
+// A sandbox id this provider makes for sessions: "local-" and hex (never a
+// path, never the probe's "local-probe-...").
+bool IsLocalSandboxId(const std::string& id) {
+  if (!absl::StartsWith(id, "local-") || id.size() == 6 || id.size() > 64) return false;
+  for (char c : id.substr(6)) {
+    if (!absl::ascii_isxdigit(c)) return false;
+  }
+  return true;
 }
 
 class LocalSandbox final : public Sandbox {
@@ -362,9 +413,33 @@ class LocalSandbox final : public Sandbox {
   }
 
   absl::Status Destroy() override {
+    if (!Stop()) return absl::OkStatus();
+    absl::Status s = provider_->RemoveSandbox(p_.id);
+    // Last: a crash before it leaves the sandbox findable by ListOwned.
+    if (s.ok()) RemoveOwnerMarker(provider_->config().workspace_root, p_.id);
+    if (p_.uid >= 0 && uids_) uids_->Release(p_.uid);
+    Log(LogLevel::kDebug, "local.sandbox_destroyed", {{"sandbox_id", p_.id}});
+    return s;
+  }
+
+  // Graceful restart: the container and everything in it dies, the sandbox
+  // directory (workspace, disk image, owner marker) stays for
+  // LocalProvider::Attach in the next process, which remounts the image.
+  void Detach() override {
+    if (!Stop()) return;
+    (void)UnmountDisk(p_.workspace);
+    if (cg_) (void)cg_->Remove(p_.id);
+    if (p_.uid >= 0 && uids_) uids_->Release(p_.uid);
+    Log(LogLevel::kDebug, "local.sandbox_detached", {{"sandbox_id", p_.id}});
+  }
+
+ private:
+  // Kills the container and waits for runs to return; false if it was
+  // already stopped (destroyed or detached).
+  bool Stop() {
     {
       absl::MutexLock l(&mu_);
-      if (destroyed_) return absl::OkStatus();
+      if (destroyed_) return false;
       destroyed_ = true;
     }
     // Everything in the container dies; init exits when its socket closes,
@@ -386,13 +461,9 @@ class LocalSandbox final : public Sandbox {
       auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return running_ == 0; };
       mu_.Await(absl::Condition(&idle));
     }
-    absl::Status s = provider_->RemoveSandbox(p_.id);
-    if (p_.uid >= 0 && uids_) uids_->Release(p_.uid);
-    Log(LogLevel::kDebug, "local.sandbox_destroyed", {{"sandbox_id", p_.id}});
-    return s;
+    return true;
   }
 
- private:
   // Sends one run to init and collects its output until its main process
   // exits. Background processes it leaves keep their pipes (drained
   // elsewhere) and never hold the run up.
@@ -914,12 +985,16 @@ absl::Status LocalProvider::RemoveSandbox(const std::string& id) const {
 
 absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Attach(const std::string& id,
                                                               const SandboxSpec& spec) {
-  if (id.empty() || id.find('/') != std::string::npos || id[0] == '.') {
-    return absl::InvalidArgumentError(absl::StrCat("local: bad sandbox id \"", id, "\""));
+  if (!IsLocalSandboxId(id)) {
+    return absl::InvalidArgumentError(absl::StrCat("local: \"", id, "\" is not a local sandbox id"));
   }
   struct stat st;
   if (stat((SandboxDir(id) + "/workspace").c_str(), &st) != 0) {
-    return absl::NotFoundError(absl::StrCat("local: no workspace for sandbox ", id));
+    // A create (or destroy) that died before its workspace existed (after it
+    // was gone): only its leftovers (directory, cgroup, marker) remain.
+    RETURN_IF_ERROR(RemoveSandbox(id));
+    RemoveOwnerMarker(config_.workspace_root, id);
+    return SandboxGoneError(absl::StrCat("local: workspace of ", id, " is gone"));
   }
   // Whatever a killed broker left running in it dies first.
   if (cgroups_ && cgroups_->Exists(id)) {
@@ -1222,6 +1297,15 @@ absl::Status LocalProvider::Probe() {
     ASSIGN_OR_RETURN(seccomp_bpf_, BuildSeccompBpf());
   }
   RETURN_IF_ERROR(ProbeEnforcement());
+  // A broker killed during a health probe leaves the probe's sandbox (dir,
+  // cgroup, mount). It never belongs to a session and no marker names it, so
+  // the orphan sweep never sees it: remove such leftovers here.
+  for (const std::string& id : ListSandboxIds()) {
+    if (!absl::StartsWith(id, "local-probe-")) continue;
+    absl::Status s = RemoveSandbox(id);
+    Log(s.ok() ? LogLevel::kInfo : LogLevel::kWarning, "local.stale_probe_removed",
+        {{"sandbox_id", id}, {"result", s.ok() ? std::string("ok") : std::string(s.message())}});
+  }
   if (absl::Status s = ProbeSandbox(); !s.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("local: bubblewrap cannot create the sandbox container here (", s.message(),
@@ -1268,7 +1352,49 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Create(const SandboxSpec
       return absl::InvalidArgumentError(absl::StrCat("invalid env name \"", k, "\""));
     }
   }
-  return Start(absl::StrCat("local-", RandomHex(12)), spec, /*fresh=*/true);
+  const std::string id = absl::StrCat("local-", RandomHex(12));
+  // The marker first, so a crash at any later point leaves the sandbox
+  // findable (durable sessions); a failed start removes it again.
+  if (!spec.deployment_id.empty()) {
+    RETURN_IF_ERROR(WriteOwnerMarker(config_.workspace_root, id, spec));
+  }
+  absl::StatusOr<std::unique_ptr<Sandbox>> sb = Start(id, spec, /*fresh=*/true);
+  if (!sb.ok()) RemoveOwnerMarker(config_.workspace_root, id);
+  return sb;
+}
+
+absl::StatusOr<std::vector<OwnedSandbox>> LocalProvider::ListOwned(
+    const std::string& deployment_id) {
+  std::vector<OwnedSandbox> out;
+  const std::string owners = absl::StrCat(config_.workspace_root, "/.owners");
+  DIR* dir = opendir(owners.c_str());
+  if (dir == nullptr) {
+    if (errno == ENOENT) return out;  // nothing was ever tagged here
+    return absl::UnavailableError(
+        absl::StrCat("local: cannot list ", owners, ": ", strerror(errno)));
+  }
+  while (struct dirent* e = readdir(dir)) {
+    const std::string id = e->d_name;
+    if (!IsLocalSandboxId(id)) continue;  // also skips "*.new" half-written markers
+    std::ifstream in(absl::StrCat(owners, "/", id));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+    if (!j.is_object() || j.value("deployment_id", "") != deployment_id) continue;
+    OwnedSandbox o;
+    o.sandbox_id = id;
+    o.attempt_id = j.value("attempt_id", "");
+    o.tenant = j.value("tenant", "");
+    o.session_id = j.value("session_id", "");
+    if (j.contains("created_at") && j["created_at"].is_number_integer()) {
+      o.created_at = absl::FromUnixSeconds(j["created_at"].get<int64_t>());
+    }
+    out.push_back(std::move(o));
+  }
+  closedir(dir);
+  std::sort(out.begin(), out.end(),
+            [](const OwnedSandbox& a, const OwnedSandbox& b) { return a.sandbox_id < b.sandbox_id; });
+  return out;
 }
 
 }  // namespace sandbox

@@ -109,11 +109,22 @@ class LocalProvider final : public Provider {
   absl::Status CheckHealth() override;
 
   // For crash recovery (durable sessions). Sandbox ids found under
-  // workspace_root (live or left by a killed broker).
+  // workspace_root (live or left by a killed broker, the probe's included).
   std::vector<std::string> ListSandboxIds() const;
   // A new container on the existing workspace of sandbox `id` (files
-  // survive, processes do not). NOT_FOUND when there is no such workspace.
-  absl::StatusOr<std::unique_ptr<Sandbox>> Attach(const std::string& id, const SandboxSpec& spec);
+  // survive, processes do not): whatever is left running in its cgroup is
+  // killed, its disk image remounted and its files re-owned by the uid it
+  // gets now. SandboxGoneError when there is no such workspace (what is left
+  // of it, its owner marker included, is removed); INVALID_ARGUMENT for an
+  // id this provider never makes for sessions ("local-" + hex).
+  absl::StatusOr<std::unique_ptr<Sandbox>> Attach(const std::string& id,
+                                                  const SandboxSpec& spec) override;
+  // Durable sessions: the sandboxes whose owner marker
+  // (<workspace_root>/.owners/<id>, written before <workspace_root>/<id>/
+  // and removed after it) names `deployment_id`, whether or not their
+  // directory still exists. Untagged sandboxes (and the probe) are never
+  // listed.
+  absl::StatusOr<std::vector<OwnedSandbox>> ListOwned(const std::string& deployment_id) override;
   // Kills whatever is left of sandbox `id` (cgroup), unmounts its disk and
   // removes its directory. Missing is OK. Not for a sandbox in use.
   absl::Status RemoveSandbox(const std::string& id) const;

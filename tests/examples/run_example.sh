@@ -16,6 +16,7 @@ chmod 711 "$tmp"
 uid_base=$([ "$which" = python ] && echo 630000 || echo 640000)
 cat > "$tmp/config.json" <<JSON
 {"listen": "127.0.0.1:0", "auth": {"tokens": {"example-token-1": "examples"}},
+ "state": {"path": "$tmp/state.db"},
  "providers": {"local": {"workspace_root": "$tmp/ws", "uid_base": $uid_base}}}
 JSON
 "$build/sandbox-brokerd" --config "$tmp/config.json" 2>"$tmp/broker.log" &

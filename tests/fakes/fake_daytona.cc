@@ -266,6 +266,7 @@ class FakeDaytona::Impl {
   }
 
   void Routes() {
+    AddFakeControlRoutes(server_, faults_, [this] { return int64_t{live()}; });
     using httplib::Request;
     using httplib::Response;
 
@@ -315,6 +316,8 @@ class FakeDaytona::Impl {
         absl::MutexLock l(&mu_);
         boxes_[b->id] = b;
       }
+      ++faults_.creates;
+      faults_.CreateLatency();
       Reply(res, 200, Dto(*b));
     });
     server_.Get("/api/sandbox", [this](const Request& req, Response& res) {
@@ -370,6 +373,7 @@ class FakeDaytona::Impl {
       ojson dto = Dto(*b);
       dto["desiredState"] = "destroyed";
       Vanish(b->id);
+      ++faults_.deletes;
       Reply(res, 200, dto);
     });
     auto interval = [this](const char* which) {

@@ -332,6 +332,8 @@ class FakeE2B::Impl {
       absl::MutexLock l(&mu_);
       sandboxes_[sb->id] = sb;
     }
+    ++faults_.creates;
+    faults_.CreateLatency();
     res.status = 201;
     res.set_content(SandboxJson(*sb).dump(), "application/json");
   }
@@ -340,6 +342,7 @@ class FakeE2B::Impl {
     using httplib::Request;
     using httplib::Response;
 
+    AddFakeControlRoutes(server_, faults_, [this] { return int64_t{live()}; });
     // ---- control plane ----
     server_.Post("/v2/sandboxes",
                  [this](const Request& req, Response& res) { CreateSandbox(req, res, 300); });
@@ -404,6 +407,7 @@ class FakeE2B::Impl {
         return ErrorReply(res, 404,
                           absl::StrCat("sandbox \"", std::string(req.matches[1]), "\" not found"));
       }
+      ++faults_.deletes;
       res.status = 204;
     });
     server_.Post(R"(/sandboxes/([^/]+)/timeout)", [this](const Request& req, Response& res) {

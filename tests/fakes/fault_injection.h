@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "nlohmann/json.hpp"
 
 namespace sandbox {
 
@@ -20,7 +21,58 @@ struct Faults {
   std::atomic<int> rate_limit_next{0};  // next N control-plane requests: 429
   std::atomic<int> retry_after_seconds{1};
   std::atomic<int> drop_next{0};  // next N requests: connection cut mid-response
+  // The fake creates the sandbox, then waits this long before answering the
+  // create (widens the window between a provider's create and the caller's
+  // next step, for crash tests).
+  std::atomic<int> create_latency_ms{0};
   std::atomic<int64_t> requests{0};
+  // Sandboxes created and deleted (by a DELETE) so far.
+  std::atomic<int64_t> creates{0};
+  std::atomic<int64_t> deletes{0};
+
+  // Sets the switches named in a JSON object (POST /_fake/faults). False,
+  // with `error`, for anything else.
+  bool Set(const std::string& body, std::string* error) {
+    nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+    if (!j.is_object()) {
+      *error = "body must be a JSON object";
+      return false;
+    }
+    const std::pair<const char*, std::atomic<int>*> fields[] = {
+        {"latency_ms", &latency_ms},
+        {"create_latency_ms", &create_latency_ms},
+        {"fail_next", &fail_next},
+        {"error_every_n", &error_every_n},
+        {"rate_limit_next", &rate_limit_next},
+        {"retry_after_seconds", &retry_after_seconds},
+        {"drop_next", &drop_next}};
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      std::atomic<int>* target = nullptr;
+      for (const auto& [name, field] : fields) {
+        if (it.key() == name) target = field;
+      }
+      if (target == nullptr) {
+        *error = absl::StrCat("unknown fault \"", it.key(), "\"");
+        return false;
+      }
+      if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
+          it.value().get<int64_t>() > 1000000) {
+        *error = absl::StrCat(it.key(), ": must be an integer in [0, 1000000]");
+        return false;
+      }
+    }
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      for (const auto& [name, field] : fields) {
+        if (it.key() == name) field->store(it.value().get<int>());
+      }
+    }
+    return true;
+  }
+
+  // Sleeps create_latency_ms (after the sandbox exists, before the reply).
+  void CreateLatency() {
+    if (int ms = create_latency_ms.load(); ms > 0) absl::SleepFor(absl::Milliseconds(ms));
+  }
 
   // Applies the switches to one request. `error(res, status, message)`
   // writes the provider's own error body. True when a fault answered.
@@ -59,5 +111,28 @@ struct Faults {
     return false;
   }
 };
+
+// The fakes' test-control endpoints (never part of a provider's API):
+//   GET  /_fake/stats   {"creates": N, "deletes": N, "live": N, "requests": N}
+//   POST /_fake/faults  a JSON object of any Faults switches
+inline void AddFakeControlRoutes(httplib::Server& server, Faults& faults,
+                                 std::function<int64_t()> live) {
+  server.Get("/_fake/stats", [&faults, live](const httplib::Request&, httplib::Response& res) {
+    nlohmann::json j = {{"creates", faults.creates.load()},
+                        {"deletes", faults.deletes.load()},
+                        {"live", live()},
+                        {"requests", faults.requests.load()}};
+    res.set_content(j.dump(), "application/json");
+  });
+  server.Post("/_fake/faults", [&faults](const httplib::Request& req, httplib::Response& res) {
+    std::string error;
+    if (!faults.Set(req.body, &error)) {
+      res.status = 400;
+      res.set_content(nlohmann::json({{"error", error}}).dump(), "application/json");
+      return;
+    }
+    res.set_content("{}", "application/json");
+  });
+}
 
 }  // namespace sandbox

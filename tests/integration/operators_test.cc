@@ -50,6 +50,8 @@ class OperatorsTest : public ::testing::Test {
                "admin_tokens": {"admin-token-999": "ops"}}})");
     cfg["providers"]["echo"] = nlohmann::json::object();
     cfg["providers"]["local"] = {{"workspace_root", dir_.path() + "/ws"}, {"uid_base", 630000}};
+    // Each test its own store (durable sessions), never the default path.
+    cfg["state"] = {{"backend", "sqlite"}, {"path", dir_.path() + "/state/state.db"}};
     return cfg;
   }
   std::string ConfigPath() const { return dir_.path() + "/config.json"; }
@@ -637,7 +639,13 @@ TEST_F(OperatorsTest, ReloadOnTokensFileChangeAndATokenRevokedMidSession) {
   };
   for (int i = 0; i < 2000 && !ready(); ++i) usleep(5000);
   ASSERT_EQ(server_->policy()->running("filer"), 1);
+  // Admitted is not yet created: the run's session gets its sandbox after
+  // the store's write-ahead (durable sessions), so wait for it to exist.
   auto before = server_->sessions()->Get("filer", "long");
+  for (int i = 0; i < 2000 && (!before.ok() || before->sandbox_id.empty()); ++i) {
+    usleep(5000);
+    before = server_->sessions()->Get("filer", "long");
+  }
   ASSERT_TRUE(before.ok());
   ASSERT_FALSE(before->sandbox_id.empty());
 
@@ -730,6 +738,7 @@ TEST(OperatorsDaemonTest, ReloadsOnSighupAndOnATokensFileChange) {
   TempDir dir;
   const std::string config = dir.path() + "/config.json", tokens = dir.path() + "/tokens.json";
   nlohmann::json cfg = {{"listen", "127.0.0.1:0"},
+                        {"state", {{"path", dir.path() + "/state.db"}}},
                         {"default_provider", "echo"},
                         {"providers", {{"echo", nlohmann::json::object()}}},
                         {"auth",

@@ -111,7 +111,8 @@ TEST_F(OpsTest, MetricsAreScrapedAfterRealCalls) {
 }
 
 TEST_F(OpsTest, DrainFinishesRunningCallsRefusesNewOnesAndClosesSandboxes) {
-  StartBroker(R"({"drain_grace_seconds": 30})");
+  // Closing on drain is the default only with the memory store.
+  StartBroker(R"({"drain_grace_seconds": 30, "drain_close_sandboxes": true})");
   auto sb = Client("draining");
   ASSERT_TRUE(sb->Start().ok());
   ASSERT_TRUE(Client("other")->Start().ok());
@@ -364,6 +365,7 @@ TEST(DaemonTest, ReapsOrphansWithoutTakingRunStatuses) {
   std::ofstream(config) << nlohmann::json(
                                {{"listen", "127.0.0.1:0"},
                                 {"drain_grace_seconds", 5},
+                                {"state", {{"path", dir.path() + "/state.db"}}},
                                 {"providers",
                                  {{"local",
                                    {{"isolation", "none"},

@@ -26,6 +26,8 @@ class BrokerFixture : public ::testing::Test {
       "max_message_bytes": 1048576,
       "auth": {"tokens": {"token-alpha-123": "alpha", "token-beta-456": "beta"}}})");
     cfg["providers"]["local"] = {{"workspace_root", dir_.path() + "/ws"}, {"uid_base", 620000}};
+    // Each test its own store: parallel runs never share one.
+    cfg["state"] = {{"backend", "sqlite"}, {"path", dir_.path() + "/state/state.db"}};
     cfg.merge_patch(nlohmann::json::parse(extra_json));
     auto config = ParseConfig(cfg.dump());
     ASSERT_TRUE(config.ok()) << config.status();

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -237,11 +238,83 @@ TEST_F(LocalProviderTest, BackgroundProcessesLiveOnAndAttachAfterACrashKeepsOnly
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(out->output.substr(0, 9), "survives\n") << out->output;
   EXPECT_NE(out->output.find("\n0\n"), std::string::npos) << out->output;  // fresh /tmp
+  // Not an id this provider makes (not hex): INVALID_ARGUMENT; a well-formed
+  // id with no workspace: gone (durable sessions drop such a session).
   EXPECT_EQ(provider_->Attach("local-nonexistent", SandboxSpec{}).status().code(),
-            absl::StatusCode::kNotFound);
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(provider_->Attach("local-probe-0123abcd", SandboxSpec{}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(IsSandboxGone(provider_->Attach("local-00000000dead", SandboxSpec{}).status()));
   ASSERT_TRUE((*again)->Destroy().ok());
   EXPECT_TRUE(provider_->ListSandboxIds().empty());
   EXPECT_TRUE(provider_->RemoveSandbox(id).ok());  // already gone: fine
+}
+
+// Durable sessions on containment's layout: the owner marker makes a
+// sandbox listable by its deployment from before its directory exists until
+// after it is gone; Detach keeps the workspace (and its disk image) for
+// Attach; untagged sandboxes and the probe are never listed.
+TEST_F(LocalProviderTest, OwnedSandboxesAreListedDetachedReattachedAndDestroyed) {
+  SandboxSpec spec;
+  spec.tenant = "t1";
+  spec.session_id = "s2";
+  spec.deployment_id = "dep-1";
+  spec.attempt_id = "att-1";
+  auto sb = provider_->Create(spec);
+  ASSERT_TRUE(sb.ok()) << sb.status();
+  const std::string id = (*sb)->id();
+  auto owned = provider_->ListOwned("dep-1");
+  ASSERT_TRUE(owned.ok()) << owned.status();
+  ASSERT_EQ(owned->size(), 1u);  // not sandbox_ (untagged)
+  EXPECT_EQ((*owned)[0].sandbox_id, id);
+  EXPECT_EQ((*owned)[0].attempt_id, "att-1");
+  EXPECT_EQ((*owned)[0].tenant, "t1");
+  EXPECT_EQ((*owned)[0].session_id, "s2");
+  EXPECT_NE((*owned)[0].created_at, absl::InfinitePast());
+  ASSERT_TRUE(provider_->ListOwned("dep-2").ok());
+  EXPECT_TRUE(provider_->ListOwned("dep-2")->empty());
+  // The health probe's sandbox is never tagged, so never listed.
+  ASSERT_TRUE(provider_->CheckHealth().ok());
+  EXPECT_EQ(provider_->ListOwned("dep-1")->size(), 1u);
+  EXPECT_EQ(provider_->ListOwned("")->size(), 0u);
+
+  ASSERT_TRUE((*sb)->WriteFile("kept.txt", "across a restart").ok());
+  (*sb)->Detach();
+  sb->reset();  // the destructor after Detach leaves it alone
+  struct stat st;
+  EXPECT_EQ(stat(provider_->SandboxDir(id).c_str(), &st), 0);
+  EXPECT_EQ(provider_->ListOwned("dep-1")->size(), 1u);
+  auto again = provider_->Attach(id, spec);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ExecRequest r;
+  r.language = Language::kShell;
+  r.code = "cat kept.txt";
+  auto out = (*again)->Exec(r);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->output, "across a restart");
+  ASSERT_TRUE((*again)->Destroy().ok());
+  EXPECT_NE(stat(provider_->SandboxDir(id).c_str(), &st), 0);
+  EXPECT_TRUE(provider_->ListOwned("dep-1")->empty());  // marker removed last
+  EXPECT_TRUE(IsSandboxGone(provider_->Attach(id, spec).status()));
+}
+
+// A create killed after its marker (and maybe its directory) but before its
+// workspace: listed, and Attach cleans up what is left and reports it gone.
+TEST_F(LocalProviderTest, HalfCreatedOwnedSandboxIsListedAndRemovable) {
+  const std::string root = dir_.path() + "/ws";
+  const std::string id = "local-00000000beef";
+  mkdir((root + "/.owners").c_str(), 0700);
+  std::ofstream(root + "/.owners/" + id)
+      << R"({"deployment_id":"dep-1","attempt_id":"a","created_at":1})";
+  mkdir((root + "/" + id).c_str(), 0711);  // no workspace/ yet
+  auto owned = provider_->ListOwned("dep-1");
+  ASSERT_TRUE(owned.ok()) << owned.status();
+  ASSERT_EQ(owned->size(), 1u);
+  EXPECT_EQ((*owned)[0].sandbox_id, id);
+  EXPECT_TRUE(IsSandboxGone(provider_->Attach(id, SandboxSpec{}).status()));
+  struct stat st;
+  EXPECT_NE(stat((root + "/" + id).c_str(), &st), 0);
+  EXPECT_TRUE(provider_->ListOwned("dep-1")->empty());
 }
 
 TEST(LocalProviderStartup, StrictRefusesWithoutCgroupsAndBestEffortSaysSo) {
