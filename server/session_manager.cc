@@ -231,6 +231,7 @@ absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Sessi
   spec.env = o.env;
   spec.labels = o.labels;
   spec.resources = o.resources;
+  spec.ceiling = o.resources_ceiling;
   const absl::Time start = clock_->Monotonic();
   absl::StatusOr<std::unique_ptr<Sandbox>> created = provider->Create(spec);
   absl::Status status = created.status();

@@ -225,6 +225,42 @@ TEST_F(OperatorsTest, TenantLimitsShapeItsSessions) {
   EXPECT_EQ(closed[0]["tenant"], "alpha");
 }
 
+// A session asking for the provider's default (0) still gets at most its
+// tenant's resources cap: min(provider default, tenant maximum).
+TEST_F(OperatorsTest, TenantResourceCapBoundsTheProviderDefault) {
+  Start(R"({"tenants": {"alpha": {"resources": {"memory_bytes": 268435456, "pids": 64}}}})");
+  ASSERT_TRUE(Start(kAlpha, "capped", Spec("local")).ok());
+  ASSERT_TRUE(Start(kBeta, "free", Spec("local")).ok());
+  pb::GetSessionRequest g;
+  pb::SessionInfo alpha, beta;
+  g.set_session_id("capped");
+  ASSERT_TRUE(stub_->GetSession(Ctx(kAlpha).get(), g, &alpha).ok());
+  g.set_session_id("free");
+  ASSERT_TRUE(stub_->GetSession(Ctx(kBeta).get(), g, &beta).ok());
+  EXPECT_EQ(alpha.resources().memory_bytes(), 256 << 20);  // default 1 GiB, capped
+  EXPECT_EQ(alpha.resources().pids(), 64);                 // default 256, capped
+  EXPECT_EQ(alpha.resources().cpus(), 1.0);                // no cap: the default
+  EXPECT_EQ(beta.resources().memory_bytes(), int64_t{1} << 30);
+  EXPECT_EQ(beta.resources().pids(), 256);
+  // Asking below the cap gets what was asked.
+  pb::SessionSpec small = Spec("local");
+  small.mutable_resources()->set_memory_bytes(128 << 20);
+  ASSERT_TRUE(Start(kAlpha, "small", small).ok());
+  g.set_session_id("small");
+  ASSERT_TRUE(stub_->GetSession(Ctx(kAlpha).get(), g, &alpha).ok());
+  EXPECT_EQ(alpha.resources().memory_bytes(), 128 << 20);
+  // The cap is what the sandbox's cgroup enforces (where cgroups are on).
+  g.set_session_id("capped");
+  ASSERT_TRUE(stub_->GetSession(Ctx(kAlpha).get(), g, &alpha).ok());
+  for (const std::string f : {"/sys/fs/cgroup/sandbox-broker/" + alpha.sandbox_id() + "/memory.max",
+                              "/sys/fs/cgroup/memory/sandbox-broker/" + alpha.sandbox_id() +
+                                  "/memory.limit_in_bytes"}) {
+    std::ifstream in(f);
+    int64_t limit = -1;
+    if (in >> limit) EXPECT_EQ(limit, 256 << 20) << f;
+  }
+}
+
 TEST_F(OperatorsTest, RunRateAndConcurrentRuns) {
   Start(R"({"tenants": {"alpha": {"run_rate": 3}, "beta": {"max_concurrent_runs": 1}}})");
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(Run(kAlpha, "a", "x").ok()) << i;
