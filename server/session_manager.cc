@@ -293,6 +293,10 @@ absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Sessi
 
 void SessionManager::FinishClose(const std::shared_ptr<Session>& s,
                                  std::shared_ptr<Sandbox> sandbox, CloseReason reason) {
+  // What the sandbox used, read just before it is destroyed (usage metering
+  // counts its CPU seconds at close).
+  std::optional<SandboxUsage> final_usage;
+  if (sandbox) final_usage = sandbox->Usage();
   absl::Status st = sandbox ? sandbox->Destroy() : absl::OkStatus();
   mu_.Lock();
   auto t = tenants_.find(s->tenant);
@@ -310,7 +314,8 @@ void SessionManager::FinishClose(const std::shared_ptr<Session>& s,
        {"sandbox_id", s->sandbox_id},
        {"reason", CloseReasonName(reason)},
        {"destroy", st.ok() ? std::string("ok") : std::string(st.message())}});
-  const SessionView view = ViewLocked(*s);
+  SessionView view = ViewLocked(*s);
+  if (final_usage) view.usage = final_usage;
   const absl::Duration age = clock_->Monotonic() - s->created_mono;
   mu_.Unlock();
   if (observer_ != nullptr) observer_->SessionClosed(view, reason, age);

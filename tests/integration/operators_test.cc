@@ -303,6 +303,57 @@ TEST_F(OperatorsTest, RunRateAndConcurrentRuns) {
   EXPECT_EQ(refusals, 2);
 }
 
+// CPU seconds from the local sandbox's cgroup accounting, read just before
+// its destroy, are metered into the tenant's usage and the counter.
+TEST_F(OperatorsTest, UsageCountsCpuSecondsAtClose) {
+  Start(R"({"admin_listen": "127.0.0.1:0"})");
+  pb::RunResult r;
+  ASSERT_TRUE(Run(kAlpha, "burn",
+                  "import time\nt = time.process_time()\n"
+                  "while time.process_time() - t < 0.3:\n    pass\nprint('burnt')",
+                  &r, 30, Spec("local"))
+                  .ok());
+  ASSERT_EQ(r.output(), "burnt\n");
+  pb::GetSessionRequest g;
+  g.set_session_id("burn");
+  pb::SessionInfo info;
+  ASSERT_TRUE(stub_->GetSession(Ctx(kAlpha).get(), g, &info).ok());
+  if (info.usage().cpu_seconds() == 0) GTEST_SKIP() << "no cgroup CPU accounting here";
+  auto before = Admin()->GetUsage("alpha");
+  ASSERT_TRUE(before.ok());
+  ASSERT_EQ(before->usage_size(), 1);
+  EXPECT_EQ(before->usage(0).cpu_seconds(), 0);  // counted at close
+  pb::CloseSessionRequest c;
+  c.set_session_id("burn");
+  pb::CloseSessionResponse cr;
+  ASSERT_TRUE(stub_->CloseSession(Ctx(kAlpha).get(), c, &cr).ok());
+  auto usage = Admin()->GetUsage("alpha");
+  ASSERT_TRUE(usage.ok()) << usage.status();
+  ASSERT_EQ(usage->usage_size(), 1);
+  EXPECT_EQ(usage->usage(0).provider(), "local");
+  const double cpu = usage->usage(0).cpu_seconds();
+  EXPECT_GE(cpu, 0.25) << cpu;
+  EXPECT_GE(cpu, info.usage().cpu_seconds());
+  EXPECT_LT(cpu, 30) << cpu;
+
+  HttpClient http("test");
+  HttpRequest req;
+  req.url = absl::StrCat("http://127.0.0.1:", server_->admin_port(), "/metrics");
+  auto scraped = http.Send(req);
+  ASSERT_TRUE(scraped.ok());
+  bool found = false;
+  std::istringstream in(scraped->body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("sandbox_broker_tenant_cpu_seconds_total{", 0) == 0 &&
+        line.find("tenant=\"alpha\"") != std::string::npos &&
+        line.find("provider=\"local\"") != std::string::npos) {
+      found = true;
+      EXPECT_DOUBLE_EQ(std::stod(line.substr(line.rfind(' ') + 1)), cpu) << line;
+    }
+  }
+  EXPECT_TRUE(found) << scraped->body;
+}
+
 TEST_F(OperatorsTest, ListToolsListsOnlyAllowedProviders) {
   Start(R"({"tenants": {"alpha": {"providers": ["echo"]}}})");
   pb::ListToolsRequest req;
