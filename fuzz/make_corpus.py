@@ -143,4 +143,75 @@ for op, path in [(1, "a/b.txt"), (2, "a/b.txt"), (1, "./a//b/../c"), (1, "/works
 for s in [b"", b"aGk=", b"aGkK", b"Ym9vbQo=", b"AA==", b"QR==", b"A===", b"====", b"aGk",
           b"aG k=", b"aGk=aGk=", b"-_-_", b"\x00\xff\x01binary"]:
     put("base64", s)
+
+# ---- MCP endpoint (fuzz/mcp_http_fuzz.cc): requests from
+# tests/server/mcp_server_test.cc, both eras. Layout: presence bits (2 bytes,
+# little-endian, bit i = header i), method, 9 header fields, body.
+MCP_HEADERS = ["origin", "host", "authorization", "mcp-session-id", "mcp-protocol-version",
+               "content-type", "accept", "mcp-method", "mcp-name"]
+def mcp(method, headers, body):
+    bits = 0
+    fields = []
+    for i, h in enumerate(MCP_HEADERS):
+        if h in headers:
+            bits |= 1 << i
+        fields.append(headers.get(h, "").encode())
+    body = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    body = body.encode() if isinstance(body, str) else body
+    put("mcp_http", struct.pack("<H", bits) + SEP.join([method.encode()] + fields + [body]))
+BASE = {"host": "127.0.0.1:8080", "authorization": "Bearer tok-a-123456",
+        "content-type": "application/json", "accept": "application/json, text/event-stream"}
+LEG = dict(BASE, **{"mcp-session-id": "$SID", "mcp-protocol-version": "2025-11-25"})
+META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {}}
+def modern(method, params, **extra):
+    params = dict(params, _meta=dict(META, **params.get("_meta", {})))
+    h = dict(BASE, **{"mcp-protocol-version": "2026-07-28", "mcp-method": method})
+    if "name" in params: h["mcp-name"] = params["name"]
+    h.update(extra)
+    return h, {"jsonrpc": "2.0", "id": 7, "method": method, "params": params}
+RUN = {"name": "sandbox_local_run", "arguments": {"code": "print(1)", "language": "python"}}
+mcp("POST", BASE, {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                   "params": {"protocolVersion": "2025-11-25", "capabilities": {}}})
+mcp("POST", dict(BASE, origin="https://evil.example"), {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                   "params": {"protocolVersion": "2025-06-18", "capabilities": {}}})
+mcp("POST", LEG, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+mcp("POST", LEG, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+mcp("POST", LEG, {"jsonrpc": "2.0", "id": "p", "method": "ping"})
+mcp("POST", LEG, {"jsonrpc": "2.0", "id": 3, "method": "logging/setLevel", "params": {"level": "info"}})
+mcp("POST", LEG, {"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+                  "params": dict(RUN, _meta={"progressToken": "t1"})})
+mcp("POST", dict(LEG, accept="application/json"), {"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+                  "params": {"name": "sandbox_local_write_file",
+                             "arguments": {"path": "a.txt", "contents": "hi", "session": "s1"}}})
+mcp("POST", LEG, {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 4}})
+mcp("POST", LEG, {"jsonrpc": "2.0", "id": 9, "result": {}})
+mcp("DELETE", LEG, "")
+mcp("DELETE", BASE, "")
+mcp("GET", LEG, "")
+mcp("PUT", BASE, "")
+for m, p in [("tools/list", {}), ("tools/call", RUN), ("server/discover", {}),
+             ("tools/call", {"name": "sandbox_local_read_file", "arguments": {"path": "a.txt"}}),
+             ("ping", {}), ("tools/call", dict(RUN, _meta={"progressToken": 3}))]:
+    h, b = modern(m, p)
+    mcp("POST", h, b)
+h, b = modern("tools/call", RUN, **{"mcp-name": "=?base64?c2FuZGJveF9sb2NhbF9ydW4=?="})
+mcp("POST", h, b)
+h, b = modern("tools/list", {}, **{"mcp-protocol-version": "2025-11-25"})
+mcp("POST", h, b)
+h, b = modern("tools/list", {"_meta": {"io.modelcontextprotocol/protocolVersion": "2099-01-01"}},
+              **{"mcp-protocol-version": "2099-01-01"})
+mcp("POST", h, b)
+h, b = modern("notifications/initialized", {})
+del b["id"]
+mcp("POST", h, b)
+mcp("POST", dict(BASE, authorization="Bearer wrong"), {"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+mcp("POST", {k: v for k, v in BASE.items() if k != "authorization"}, "{}")
+mcp("POST", BASE, "{not json")
+mcp("POST", BASE, "[" * 70 + "]" * 70)
+mcp("POST", BASE, '[{"jsonrpc":"2.0","id":1,"method":"ping"}]')
+mcp("POST", dict(BASE, **{"content-type": "text/plain"}), "{}")
+mcp("POST", dict(BASE, host="evil.example"), "{}")
+mcp("POST", dict(BASE, origin="http://localhost:3000"), {"jsonrpc": "2.0", "id": {"x": 1}, "method": "ping"})
+
 print("corpus written to", ROOT)

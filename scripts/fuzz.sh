@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target="${1:?usage: fuzz.sh TARGET|all|list SECONDS}"
-targets=(e2b_envelope e2b_json daytona_json multipart config tools workspace_fs base64)
+targets=(e2b_envelope e2b_json daytona_json multipart config tools workspace_fs base64 mcp_http)
 if [ "$target" = list ]; then printf '%s\n' "${targets[@]}"; exit 0; fi
 seconds="${2:?usage: fuzz.sh TARGET SECONDS}"
 shift 2

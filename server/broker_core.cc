@@ -661,6 +661,11 @@ absl::StatusOr<CreateOptions> BrokerCore::CreateOptionsFor(const CallContext& ct
     return Refused(ctx, s, rule, provider);
   }
   o.default_provider = r.default_provider;
+  // A session asking for the default (0) still gets at most the tenant's cap.
+  o.resources_ceiling.memory_bytes = r.resources.memory_bytes;
+  o.resources_ceiling.cpus = r.resources.cpus;
+  o.resources_ceiling.pids = r.resources.pids;
+  o.resources_ceiling.disk_bytes = r.resources.disk_bytes;
   if (r.max_sessions < config_.max_sessions_per_tenant) o.max_sessions = r.max_sessions;
   if (r.idle_timeout_seconds < config_.idle_timeout_seconds) {
     o.idle_timeout = absl::Seconds(r.idle_timeout_seconds);

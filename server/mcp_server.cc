@@ -210,10 +210,27 @@ bool McpServer::HostAllowed(const std::string* host) const {
 bool McpServer::OriginAllowed(const std::string* origin) const {
   if (origin == nullptr) return true;
   if (Contains(options_.allowed_origins, *origin)) return true;
+  // Exactly scheme://host[:port] (RFC 6454): "http://[::1]x" or
+  // "http://localhost:1@evil.example" is not a loopback origin.
   absl::string_view o = *origin;
   if (!absl::ConsumePrefix(&o, "http://") && !absl::ConsumePrefix(&o, "https://")) return false;
-  if (o.find('/') != absl::string_view::npos) return false;
-  return IsLoopbackName(HostPart(o));
+  absl::string_view host = o, port;
+  if (absl::StartsWith(o, "[")) {
+    const size_t end = o.find(']');
+    if (end == absl::string_view::npos) return false;
+    host = o.substr(0, end + 1);
+    port = o.substr(end + 1);
+  } else if (const size_t colon = o.find(':'); colon != absl::string_view::npos) {
+    host = o.substr(0, colon);
+    port = o.substr(colon);
+  }
+  if (!port.empty()) {
+    if (!absl::ConsumePrefix(&port, ":") || port.empty()) return false;
+    for (char c : port) {
+      if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
+    }
+  }
+  return host != "::1" && IsLoopbackName(host);
 }
 
 McpHttpResponse McpServer::HandleRequest(const McpHttpRequest& req) {

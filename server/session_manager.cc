@@ -359,6 +359,7 @@ absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Sessi
   spec.resources = o.resources;
   spec.deployment_id = deployment_id_;
   spec.attempt_id = s->attempt_id;
+  spec.ceiling = o.resources_ceiling;
   const absl::Time start = clock_->Monotonic();
   // Write-ahead: the intent is durable before the provider creates anything.
   absl::Status status =
@@ -450,8 +451,12 @@ void SessionManager::FinishClose(const std::shared_ptr<Session>& s,
   if (store_ && reason != CloseReason::kGone) {
     StoreWrite("closing", store_->PutSession(rec));
   }
+  // What the sandbox used, read just before it is destroyed (usage metering
+  // counts its CPU seconds at close).
+  std::optional<SandboxUsage> final_usage;
   absl::Status st = absl::OkStatus();
   if (sandbox) {
+    final_usage = sandbox->Usage();
     st = sandbox->Destroy();
   } else if (pending && reason != CloseReason::kGone) {
     // Recovered and never used: attach only to destroy it.
@@ -488,7 +493,8 @@ void SessionManager::FinishClose(const std::shared_ptr<Session>& s,
        {"sandbox_id", s->sandbox_id},
        {"reason", CloseReasonName(reason)},
        {"destroy", st.ok() ? std::string("ok") : std::string(st.message())}});
-  const SessionView view = ViewLocked(*s);
+  SessionView view = ViewLocked(*s);
+  if (final_usage) view.usage = final_usage;
   const absl::Duration age = clock_->Monotonic() - s->created_mono;
   mu_.Unlock();
   if (observer_ != nullptr) observer_->SessionClosed(view, reason, age);

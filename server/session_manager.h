@@ -38,6 +38,7 @@ struct CreateOptions {
   std::map<std::string, std::string> env;
   std::map<std::string, std::string> labels;
   SandboxResources resources;  // SessionSpec.resources
+  SandboxResources resources_ceiling;  // the tenant's maximum (SandboxSpec.ceiling)
   // Seed files: written before the first call runs; (path, bytes).
   std::vector<std::pair<std::string, std::string>> files;
   // Tenant policy (server/policy.h) for a session this call creates; zero

@@ -136,8 +136,9 @@ void SessionAccounting::SessionClosed(const SessionView& v, CloseReason reason,
   if (usage_ != nullptr) {
     UsageCounters d;
     d.sandbox_seconds = absl::ToDoubleSeconds(age);
-    // Hook: d.cpu_seconds from the sandbox's own accounting once providers
-    // report it (local cgroups).
+    // The sandbox's own accounting (local: cgroup cpu.stat), read just
+    // before destroy; providers that report none count 0.
+    if (v.usage) d.cpu_seconds = v.usage->cpu_seconds;
     usage_->Record(v.tenant, v.provider, d);
   }
   Audit("session.closed", v, std::string(CloseReasonName(reason)).c_str());

@@ -70,6 +70,10 @@ struct SandboxSpec {
   std::map<std::string, std::string> env;  // applied to every exec
   std::map<std::string, std::string> labels;
   SandboxResources resources;
+  // The most this session may get (the tenant's policy), also when it asks
+  // for the provider's default (0): a provider applies min(what it would
+  // give, ceiling) per nonzero field. 0 = no ceiling.
+  SandboxResources ceiling;
   // Durable sessions: the broker deployment that owns the sandbox and the
   // create attempt that made it. A provider tags what it creates with both
   // (E2B metadata, Daytona labels, a marker beside a local workspace) so

@@ -903,7 +903,8 @@ std::vector<std::string> LocalProvider::ContainerArgs(const std::string& workspa
   return a;
 }
 
-absl::StatusOr<LocalLimits> LocalProvider::LimitsFor(const SandboxResources& req) const {
+absl::StatusOr<LocalLimits> LocalProvider::LimitsFor(const SandboxResources& req,
+                                                     const SandboxResources& ceiling) const {
   LocalLimits l = config_.limits;
   const LocalLimits& m = config_.max_limits;
   auto check = [](const char* field, double v, double max) -> absl::Status {
@@ -946,6 +947,12 @@ absl::StatusOr<LocalLimits> LocalProvider::LimitsFor(const SandboxResources& req
     }
     l.disk_bytes = req.disk_bytes;
   }
+  // The tenant's cap also bounds a default (the asked values are already
+  // checked against it).
+  if (ceiling.memory_bytes > 0) l.memory_bytes = std::min(l.memory_bytes, ceiling.memory_bytes);
+  if (ceiling.cpus > 0) l.cpus = std::min(l.cpus, ceiling.cpus);
+  if (ceiling.pids > 0) l.pids = std::min(l.pids, ceiling.pids);
+  if (ceiling.disk_bytes > 0) l.disk_bytes = std::min(l.disk_bytes, ceiling.disk_bytes);
   return l;
 }
 
@@ -1007,7 +1014,7 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Attach(const std::string
 absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Start(const std::string& id,
                                                              const SandboxSpec& spec,
                                                              bool fresh) {
-  ASSIGN_OR_RETURN(LocalLimits limits, LimitsFor(spec.resources));
+  ASSIGN_OR_RETURN(LocalLimits limits, LimitsFor(spec.resources, spec.ceiling));
   LocalSandbox::Parts parts;
   parts.id = id;
   parts.dir = SandboxDir(id);

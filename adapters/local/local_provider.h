@@ -133,7 +133,8 @@ class LocalProvider final : public Provider {
 
   // The limits a session gets: the config's, overridden by the request's
   // nonzero fields. INVALID_ARGUMENT naming the field and the maximum.
-  absl::StatusOr<LocalLimits> LimitsFor(const SandboxResources& requested) const;
+  absl::StatusOr<LocalLimits> LimitsFor(const SandboxResources& requested,
+                                        const SandboxResources& ceiling = {}) const;
   const LocalEnforcement& enforcement() const { return enforcement_; }
   // "best_effort: <what is not enforced>" when limits are not all enforced.
   std::string Degraded() const override;

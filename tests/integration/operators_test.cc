@@ -227,6 +227,42 @@ TEST_F(OperatorsTest, TenantLimitsShapeItsSessions) {
   EXPECT_EQ(closed[0]["tenant"], "alpha");
 }
 
+// A session asking for the provider's default (0) still gets at most its
+// tenant's resources cap: min(provider default, tenant maximum).
+TEST_F(OperatorsTest, TenantResourceCapBoundsTheProviderDefault) {
+  Start(R"({"tenants": {"alpha": {"resources": {"memory_bytes": 268435456, "pids": 64}}}})");
+  ASSERT_TRUE(Start(kAlpha, "capped", Spec("local")).ok());
+  ASSERT_TRUE(Start(kBeta, "free", Spec("local")).ok());
+  pb::GetSessionRequest g;
+  pb::SessionInfo alpha, beta;
+  g.set_session_id("capped");
+  ASSERT_TRUE(stub_->GetSession(Ctx(kAlpha).get(), g, &alpha).ok());
+  g.set_session_id("free");
+  ASSERT_TRUE(stub_->GetSession(Ctx(kBeta).get(), g, &beta).ok());
+  EXPECT_EQ(alpha.resources().memory_bytes(), 256 << 20);  // default 1 GiB, capped
+  EXPECT_EQ(alpha.resources().pids(), 64);                 // default 256, capped
+  EXPECT_EQ(alpha.resources().cpus(), 1.0);                // no cap: the default
+  EXPECT_EQ(beta.resources().memory_bytes(), int64_t{1} << 30);
+  EXPECT_EQ(beta.resources().pids(), 256);
+  // Asking below the cap gets what was asked.
+  pb::SessionSpec small = Spec("local");
+  small.mutable_resources()->set_memory_bytes(128 << 20);
+  ASSERT_TRUE(Start(kAlpha, "small", small).ok());
+  g.set_session_id("small");
+  ASSERT_TRUE(stub_->GetSession(Ctx(kAlpha).get(), g, &alpha).ok());
+  EXPECT_EQ(alpha.resources().memory_bytes(), 128 << 20);
+  // The cap is what the sandbox's cgroup enforces (where cgroups are on).
+  g.set_session_id("capped");
+  ASSERT_TRUE(stub_->GetSession(Ctx(kAlpha).get(), g, &alpha).ok());
+  for (const std::string f : {"/sys/fs/cgroup/sandbox-broker/" + alpha.sandbox_id() + "/memory.max",
+                              "/sys/fs/cgroup/memory/sandbox-broker/" + alpha.sandbox_id() +
+                                  "/memory.limit_in_bytes"}) {
+    std::ifstream in(f);
+    int64_t limit = -1;
+    if (in >> limit) EXPECT_EQ(limit, 256 << 20) << f;
+  }
+}
+
 TEST_F(OperatorsTest, RunRateAndConcurrentRuns) {
   Start(R"({"tenants": {"alpha": {"run_rate": 3}, "beta": {"max_concurrent_runs": 1}}})");
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(Run(kAlpha, "a", "x").ok()) << i;
@@ -267,6 +303,57 @@ TEST_F(OperatorsTest, RunRateAndConcurrentRuns) {
   int64_t refusals = 0;
   for (const auto& u : usage->usage()) refusals += u.quota_refusals();
   EXPECT_EQ(refusals, 2);
+}
+
+// CPU seconds from the local sandbox's cgroup accounting, read just before
+// its destroy, are metered into the tenant's usage and the counter.
+TEST_F(OperatorsTest, UsageCountsCpuSecondsAtClose) {
+  Start(R"({"admin_listen": "127.0.0.1:0"})");
+  pb::RunResult r;
+  ASSERT_TRUE(Run(kAlpha, "burn",
+                  "import time\nt = time.process_time()\n"
+                  "while time.process_time() - t < 0.3:\n    pass\nprint('burnt')",
+                  &r, 30, Spec("local"))
+                  .ok());
+  ASSERT_EQ(r.output(), "burnt\n");
+  pb::GetSessionRequest g;
+  g.set_session_id("burn");
+  pb::SessionInfo info;
+  ASSERT_TRUE(stub_->GetSession(Ctx(kAlpha).get(), g, &info).ok());
+  if (info.usage().cpu_seconds() == 0) GTEST_SKIP() << "no cgroup CPU accounting here";
+  auto before = Admin()->GetUsage("alpha");
+  ASSERT_TRUE(before.ok());
+  ASSERT_EQ(before->usage_size(), 1);
+  EXPECT_EQ(before->usage(0).cpu_seconds(), 0);  // counted at close
+  pb::CloseSessionRequest c;
+  c.set_session_id("burn");
+  pb::CloseSessionResponse cr;
+  ASSERT_TRUE(stub_->CloseSession(Ctx(kAlpha).get(), c, &cr).ok());
+  auto usage = Admin()->GetUsage("alpha");
+  ASSERT_TRUE(usage.ok()) << usage.status();
+  ASSERT_EQ(usage->usage_size(), 1);
+  EXPECT_EQ(usage->usage(0).provider(), "local");
+  const double cpu = usage->usage(0).cpu_seconds();
+  EXPECT_GE(cpu, 0.25) << cpu;
+  EXPECT_GE(cpu, info.usage().cpu_seconds());
+  EXPECT_LT(cpu, 30) << cpu;
+
+  HttpClient http("test");
+  HttpRequest req;
+  req.url = absl::StrCat("http://127.0.0.1:", server_->admin_port(), "/metrics");
+  auto scraped = http.Send(req);
+  ASSERT_TRUE(scraped.ok());
+  bool found = false;
+  std::istringstream in(scraped->body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("sandbox_broker_tenant_cpu_seconds_total{", 0) == 0 &&
+        line.find("tenant=\"alpha\"") != std::string::npos &&
+        line.find("provider=\"local\"") != std::string::npos) {
+      found = true;
+      EXPECT_DOUBLE_EQ(std::stod(line.substr(line.rfind(' ') + 1)), cpu) << line;
+    }
+  }
+  EXPECT_TRUE(found) << scraped->body;
 }
 
 TEST_F(OperatorsTest, ListToolsListsOnlyAllowedProviders) {
