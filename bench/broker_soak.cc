@@ -42,8 +42,8 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "grpcpp/create_channel.h"
 #include "nlohmann/json.hpp"
@@ -183,8 +183,8 @@ class Soak {
             nullptr);
       _exit(127);
     }
-    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                   grpc::InsecureChannelCredentials());
+    channel_ =
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
     if (!channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(60))) {
       kill(pid_, SIGKILL);
       return Fail("the broker did not start; see " + dir_ + "/brokerd.log");
@@ -271,15 +271,33 @@ class Soak {
         used_.insert(session);
       }
       switch (pick(rng)) {
-        case 0: DoRun(session, rng); break;
-        case 1: DoShell(session, rng); break;
-        case 2: DoFiles(session, w, rng); break;
-        case 3: DoStream(session); break;
-        case 4: DoCancel(session); break;
-        case 5: DoTimeout(session); break;
-        case 6: DoClose(session); break;
-        case 7: DoKeepAliveOrGet(session, true); break;
-        case 8: DoKeepAliveOrGet(session, false); break;
+        case 0:
+          DoRun(session, rng);
+          break;
+        case 1:
+          DoShell(session, rng);
+          break;
+        case 2:
+          DoFiles(session, w, rng);
+          break;
+        case 3:
+          DoStream(session);
+          break;
+        case 4:
+          DoCancel(session);
+          break;
+        case 5:
+          DoTimeout(session);
+          break;
+        case 6:
+          DoClose(session);
+          break;
+        case 7:
+          DoKeepAliveOrGet(session, true);
+          break;
+        case 8:
+          DoKeepAliveOrGet(session, false);
+          break;
       }
     }
   }
@@ -335,8 +353,8 @@ class Soak {
     s = stub_->ReadFile(c2.get(), rd, &rresp);
     std::string got;
     // Not found: the session was closed or reaped between the two calls.
-    const bool good = s.ok() && (!rresp.found() || (absl::Base64Unescape(rresp.contents(), &got) &&
-                                                    got == data));
+    const bool good =
+        s.ok() && (!rresp.found() || (absl::Base64Unescape(rresp.contents(), &got) && got == data));
     Record(s.ok() && !rresp.found() ? "read(reaped between)" : "read", s.error_code(), good,
            s.ok() ? "wrong bytes" : s.error_message());
   }
@@ -440,9 +458,8 @@ class Soak {
     const bool clean_exit = WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0;
 
     const double warm = o_.duration_seconds * o_.warmup;
-    const double rss_slope = SlopePerMinute(samples_, warm, [](const Sample& s) {
-      return static_cast<double>(s.rss_kb);
-    });
+    const double rss_slope = SlopePerMinute(
+        samples_, warm, [](const Sample& s) { return static_cast<double>(s.rss_kb); });
     const double fd_slope =
         SlopePerMinute(samples_, warm, [](const Sample& s) { return static_cast<double>(s.fds); });
     const double thread_slope = SlopePerMinute(

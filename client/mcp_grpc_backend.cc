@@ -5,8 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "client/remote_sandbox.h"
-#include "nlohmann/json.hpp"
 #include "common/text.h"
+#include "nlohmann/json.hpp"
 #include "server/tools.h"
 
 namespace sandbox {
@@ -122,8 +122,8 @@ absl::StatusOr<McpToolOutcome> McpGrpcBackend::Stream(const McpCall& call,
   grpc::Status s = reader->Finish();
   McpToolOutcome out;
   if (!s.ok() || !have_result) {
-    absl::Status st = s.ok() ? absl::InternalError("the run ended without a result")
-                             : FromGrpcStatus(s);
+    absl::Status st =
+        s.ok() ? absl::InternalError("the run ended without a result") : FromGrpcStatus(s);
     if (st.code() == absl::StatusCode::kCancelled) return st;
     out.response.set_is_error(true);
     out.response.set_content(ToolErrorText(st));

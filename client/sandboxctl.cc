@@ -158,7 +158,8 @@ struct AdminFlags {
 
 int AdminMain(const std::shared_ptr<grpc::Channel>& channel, const AdminFlags& f,
               const std::vector<std::string>& args) {
-  if (args.size() < 2) return Usage("admin needs a command: sessions, close, disable, enable, usage, reload");
+  if (args.size() < 2)
+    return Usage("admin needs a command: sessions, close, disable, enable, usage, reload");
   auto admin = sandbox::RemoteAdmin::Connect(channel, f.token);
   const std::string& sub = args[1];
   if (sub == "sessions") {
@@ -166,10 +167,14 @@ int AdminMain(const std::shared_ptr<grpc::Channel>& channel, const AdminFlags& f
     sandbox::pb::ListAllSessionsRequest req;
     req.set_tenant(f.tenant);
     req.set_provider(f.provider);
-    if (f.state == "creating") req.set_state(sandbox::pb::SESSION_STATE_CREATING);
-    else if (f.state == "ready") req.set_state(sandbox::pb::SESSION_STATE_READY);
-    else if (f.state == "closing") req.set_state(sandbox::pb::SESSION_STATE_CLOSING);
-    else if (!f.state.empty()) return Usage("--state must be creating, ready or closing");
+    if (f.state == "creating")
+      req.set_state(sandbox::pb::SESSION_STATE_CREATING);
+    else if (f.state == "ready")
+      req.set_state(sandbox::pb::SESSION_STATE_READY);
+    else if (f.state == "closing")
+      req.set_state(sandbox::pb::SESSION_STATE_CLOSING);
+    else if (!f.state.empty())
+      return Usage("--state must be creating, ready or closing");
     req.mutable_labels()->insert(f.labels.begin(), f.labels.end());
     auto r = admin->ListAllSessions(req);
     if (!r.ok()) return RpcError(r.status());
@@ -254,7 +259,8 @@ int AdminMain(const std::shared_ptr<grpc::Channel>& channel, const AdminFlags& f
       return 0;
     }
     std::cout << "reloaded: generation " << r->generation() << "\n";
-    for (const auto& k : r->needs_restart()) std::cout << "needs a restart (ignored): " << k << "\n";
+    for (const auto& k : r->needs_restart())
+      std::cout << "needs a restart (ignored): " << k << "\n";
     return 0;
   }
   return Usage("unknown admin command " + sub);

@@ -2,8 +2,8 @@
 
 #include <sys/random.h>
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 
 #include "absl/strings/escaping.h"

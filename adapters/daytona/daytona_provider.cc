@@ -342,7 +342,8 @@ absl::StatusOr<std::unique_ptr<Sandbox>> DaytonaProvider::Create(const SandboxSp
   }
   constexpr int64_t kGiB = int64_t{1} << 30;
   if (spec.resources.cpus > 0) p.cpu = static_cast<int64_t>(std::ceil(spec.resources.cpus));
-  if (spec.resources.memory_bytes > 0) p.memory_gib = (spec.resources.memory_bytes + kGiB - 1) / kGiB;
+  if (spec.resources.memory_bytes > 0)
+    p.memory_gib = (spec.resources.memory_bytes + kGiB - 1) / kGiB;
   if (spec.resources.disk_bytes > 0) p.disk_gib = (spec.resources.disk_bytes + kGiB - 1) / kGiB;
   Clock* clock = Clock::Real();
   const absl::Time deadline = clock->Monotonic() + absl::Seconds(config_.create_timeout_seconds);

@@ -179,8 +179,8 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const HttpRequest& request) {
     return absl::CancelledError("http: transfer stopped");
   }
   if (rc == CURLE_WRITE_ERROR && t.too_large) {
-    return absl::UnavailableError(absl::StrCat("http: response body larger than ",
-                                               request.max_response_bytes, " bytes"));
+    return absl::UnavailableError(
+        absl::StrCat("http: response body larger than ", request.max_response_bytes, " bytes"));
   }
   if (rc == CURLE_OPERATION_TIMEDOUT) {
     return absl::DeadlineExceededError(

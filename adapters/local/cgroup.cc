@@ -122,10 +122,10 @@ absl::StatusOr<CgroupFs> CgroupFs::Detect(const std::string& root, const std::st
     c.cpuacct_ = PathExists(root + "/cpuacct/cgroup.procs") ? root + "/cpuacct" : "";
     return c;
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "no usable cgroup filesystem at ", root,
-      " (need cgroup v2 with the memory, pids and cpu controllers, or cgroup v1 "
-      "memory, pids and cpu hierarchies)"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("no usable cgroup filesystem at ", root,
+                   " (need cgroup v2 with the memory, pids and cpu controllers, or cgroup v1 "
+                   "memory, pids and cpu hierarchies)"));
 }
 
 std::string CgroupFs::Describe() const {
@@ -168,20 +168,19 @@ absl::Status CgroupFs::CreateSandbox(const std::string& name, const CgroupLimits
     if (absl::Status s = Put(parent + "/cgroup.subtree_control", enable); !s.ok()) return s;
     const std::string d = parent + "/" + name;
     if (absl::Status s = MkDir(d); !s.ok()) return s;
-    absl::Status s = Put(d + "/memory.max", limits.memory_bytes > 0
-                                                ? absl::StrCat(limits.memory_bytes)
-                                                : std::string("max"));
+    absl::Status s =
+        Put(d + "/memory.max",
+            limits.memory_bytes > 0 ? absl::StrCat(limits.memory_bytes) : std::string("max"));
     if (s.ok() && PathExists(d + "/memory.swap.max")) s = Put(d + "/memory.swap.max", "0");
     if (s.ok()) {
-      s = Put(d + "/pids.max",
-              limits.pids > 0 ? absl::StrCat(limits.pids) : std::string("max"));
+      s = Put(d + "/pids.max", limits.pids > 0 ? absl::StrCat(limits.pids) : std::string("max"));
     }
     if (s.ok()) {
-      s = Put(d + "/cpu.max",
-              limits.cpus > 0
-                  ? absl::StrCat(static_cast<int64_t>(std::llround(limits.cpus * 100000)),
-                                 " 100000")
-                  : std::string("max 100000"));
+      s = Put(
+          d + "/cpu.max",
+          limits.cpus > 0
+              ? absl::StrCat(static_cast<int64_t>(std::llround(limits.cpus * 100000)), " 100000")
+              : std::string("max 100000"));
     }
     return s;
   }
@@ -233,7 +232,8 @@ absl::StatusOr<std::vector<int>> CgroupFs::CreateChild(const std::string& name,
   }
   for (const auto& d : dirs) {
     absl::Status s = MkDir(d);
-    int fd = s.ok() ? open((d + "/cgroup.procs").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644) : -1;
+    int fd =
+        s.ok() ? open((d + "/cgroup.procs").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644) : -1;
     if (fd < 0) {
       for (int f : fds) close(f);
       if (s.ok()) {
@@ -258,7 +258,8 @@ bool CgroupFs::Kill(const std::string& name, const std::string& child) const {
   // nothing (the pids limit bounds how many a fork loop can add per pass).
   for (int round = 0; round < 2000; ++round) {
     std::vector<std::string> dirs = child.empty() ? WithSubdirs(d) : std::vector<std::string>{d};
-    if (version_ == 2 && round == 0 && PathExists(d + "/cgroup.kill")) (void)Put(d + "/cgroup.kill", "1");
+    if (version_ == 2 && round == 0 && PathExists(d + "/cgroup.kill"))
+      (void)Put(d + "/cgroup.kill", "1");
     std::vector<pid_t> pids = Pids(dirs);
     if (pids.empty()) return true;
     for (pid_t p : pids) kill(p, SIGKILL);
@@ -273,7 +274,8 @@ absl::Status CgroupFs::Remove(const std::string& name, const std::string& child)
   for (const auto& d : Dirs(name, child)) {
     for (const auto& sub : WithSubdirs(d)) {
       if (rmdir(sub.c_str()) != 0 && errno != ENOENT && out.ok()) {
-        out = absl::InternalError(absl::StrCat("cgroup: cannot remove ", sub, ": ", strerror(errno)));
+        out =
+            absl::InternalError(absl::StrCat("cgroup: cannot remove ", sub, ": ", strerror(errno)));
       }
     }
   }
@@ -290,9 +292,9 @@ CgroupUsage CgroupFs::Usage(const std::string& name) const {
   } else {
     u.memory_bytes = Number(m + "/memory.usage_in_bytes");
     if (!cpuacct_.empty()) {
-      u.cpu_seconds =
-          static_cast<double>(Number(absl::StrCat(cpuacct_, "/", parent_, "/", name, "/cpuacct.usage"))) /
-          1e9;
+      u.cpu_seconds = static_cast<double>(Number(
+                          absl::StrCat(cpuacct_, "/", parent_, "/", name, "/cpuacct.usage"))) /
+                      1e9;
     }
     u.oom_kills = OomKills(name, "");
   }
@@ -310,8 +312,6 @@ int64_t CgroupFs::OomKills(const std::string& name, const std::string& child) co
   return n;
 }
 
-bool CgroupFs::Exists(const std::string& name) const {
-  return PathExists(PidsDir(name, ""));
-}
+bool CgroupFs::Exists(const std::string& name) const { return PathExists(PidsDir(name, "")); }
 
 }  // namespace sandbox

@@ -55,10 +55,10 @@ absl::Status CreateDiskImage(const std::string& image, int64_t bytes, int64_t in
   if (inodes <= 0 || inodes > bytes / 8192) inodes = std::max<int64_t>(bytes / 8192, 16);
   // No journal, no reserved blocks, lazy inode tables: a scratch disk that
   // is ready in tens of milliseconds.
-  absl::Status s = Tool({"/usr/sbin/mkfs.ext4", "-F", "-q", "-m", "0", "-N",
-                         absl::StrCat(inodes), "-O", "^has_journal", "-E",
-                         absl::StrCat("lazy_itable_init=1,nodiscard,root_owner=", owner, ":", owner),
-                         image});
+  absl::Status s =
+      Tool({"/usr/sbin/mkfs.ext4", "-F", "-q", "-m", "0", "-N", absl::StrCat(inodes), "-O",
+            "^has_journal", "-E",
+            absl::StrCat("lazy_itable_init=1,nodiscard,root_owner=", owner, ":", owner), image});
   if (!s.ok()) unlink(image.c_str());
   return s;
 }

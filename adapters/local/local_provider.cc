@@ -15,14 +15,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <thread>
-
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/cleanup/cleanup.h"
@@ -36,8 +35,8 @@
 #include "adapters/local/disk_image.h"
 #include "adapters/local/seccomp_filter.h"
 #include "adapters/local/workspace_fs.h"
-#include "common/clock.h"
 #include "common/child_reaper.h"
+#include "common/clock.h"
 #include "common/config_reader.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -120,10 +119,10 @@ std::string DefaultInitPath() {
 
 // Docker's masked /proc paths: kernel addresses, keys and timers of the
 // whole host. Files get /dev/null, directories an empty read-only tmpfs.
-const char* const kProcMaskFiles[] = {"kcore",       "keys",        "kallsyms",   "latency_stats",
-                                      "timer_list",  "timer_stats", "sched_debug", "sysrq-trigger",
-                                      "kpagecount",  "kpageflags",  "kpagecgroup", "config.gz",
-                                      "modules",     "vmallocinfo", "slabinfo",   "pagetypeinfo"};
+const char* const kProcMaskFiles[] = {"kcore",      "keys",        "kallsyms",    "latency_stats",
+                                      "timer_list", "timer_stats", "sched_debug", "sysrq-trigger",
+                                      "kpagecount", "kpageflags",  "kpagecgroup", "config.gz",
+                                      "modules",    "vmallocinfo", "slabinfo",    "pagetypeinfo"};
 const char* const kProcMaskDirs[] = {"acpi", "asound", "scsi", "fs", "irq", "bus", "driver"};
 
 // Reads what background processes write to a finished run's pipes, until
@@ -470,8 +469,7 @@ class LocalSandbox final : public Sandbox {
   absl::StatusOr<ExecResult> RunInContainer(const std::string& msg, const std::string& stdin_data,
                                             const std::string* fd3_data,
                                             const std::vector<int>& cg_fds,
-                                            const std::string& run_cg,
-                                            const ExecRequest& request) {
+                                            const std::string& run_cg, const ExecRequest& request) {
     std::vector<int> to_close;
     absl::Cleanup close_all = [&to_close] {
       for (int fd : to_close) close(fd);
@@ -529,8 +527,8 @@ class LocalSandbox final : public Sandbox {
       if (p_.ctl < 0 || sendmsg(p_.ctl, &mh, MSG_NOSIGNAL) < 0) {
         for (int fd : readers) close(fd);
         if (p_.ctl < 0) return absl::FailedPreconditionError("local: sandbox is closed");
-        return SandboxGoneError(absl::StrCat("local: the sandbox's container is gone (",
-                                             strerror(errno), ")"));
+        return SandboxGoneError(
+            absl::StrCat("local: the sandbox's container is gone (", strerror(errno), ")"));
       }
     }
     std::move(close_all).Invoke();
@@ -812,9 +810,8 @@ LocalProvider::LocalProvider(LocalConfig config, std::shared_ptr<UidPool> uids)
   }
   if (!config_.user_name.empty()) {
     const std::string etc = absl::StrCat(config_.workspace_root, "/.etc");
-    user_args_ = {"--uid",        "1000",        "--gid",        "1000",
-                  "--ro-bind",    etc + "/passwd", "/etc/passwd", "--ro-bind",
-                  etc + "/group", "/etc/group"};
+    user_args_ = {"--uid",         "1000",        "--gid",     "1000",         "--ro-bind",
+                  etc + "/passwd", "/etc/passwd", "--ro-bind", etc + "/group", "/etc/group"};
   }
   // Only paths this kernel has: bwrap cannot create files in /proc.
   for (const char* f : kProcMaskFiles) {
@@ -865,24 +862,14 @@ std::vector<std::string> LocalProvider::WrapCommand(const std::string& workspace
   return a;
 }
 
-
 std::vector<std::string> LocalProvider::ContainerArgs(const std::string& workspace,
                                                       const LocalLimits& limits) const {
   if (config_.isolation == "none") return {config_.init_path};
-  std::vector<std::string> a = {config_.bwrap_path,
-                                "--unshare-user",
-                                "--disable-userns",
-                                "--unshare-pid",
-                                "--unshare-net",
-                                "--unshare-ipc",
-                                "--unshare-uts",
-                                "--unshare-cgroup-try",
-                                "--as-pid-1",
-                                "--new-session",
-                                "--cap-drop",
-                                "ALL",
-                                "--hostname",
-                                "sandbox"};
+  std::vector<std::string> a = {
+      config_.bwrap_path, "--unshare-user", "--disable-userns", "--unshare-pid",
+      "--unshare-net",    "--unshare-ipc",  "--unshare-uts",    "--unshare-cgroup-try",
+      "--as-pid-1",       "--new-session",  "--cap-drop",       "ALL",
+      "--hostname",       "sandbox"};
   a.insert(a.end(), system_args_.begin(), system_args_.end());
   a.insert(a.end(), user_args_.begin(), user_args_.end());
   a.insert(a.end(), {"--proc", "/proc"});
@@ -928,11 +915,12 @@ absl::StatusOr<LocalLimits> LocalProvider::LimitsFor(const SandboxResources& req
                         static_cast<double>(m.memory_bytes)));
   RETURN_IF_ERROR(check("cpus", req.cpus, m.cpus));
   RETURN_IF_ERROR(check("pids", static_cast<double>(req.pids), static_cast<double>(m.pids)));
-  RETURN_IF_ERROR(check("disk_bytes", static_cast<double>(req.disk_bytes),
-                        static_cast<double>(m.disk_bytes)));
+  RETURN_IF_ERROR(
+      check("disk_bytes", static_cast<double>(req.disk_bytes), static_cast<double>(m.disk_bytes)));
   if (req.memory_bytes > 0) {
     if (req.memory_bytes < (int64_t{32} << 20)) {
-      return absl::InvalidArgumentError("resources.memory_bytes: must be at least 33554432 (32 MiB)");
+      return absl::InvalidArgumentError(
+          "resources.memory_bytes: must be at least 33554432 (32 MiB)");
     }
     l.memory_bytes = req.memory_bytes;
   }
@@ -991,9 +979,10 @@ absl::Status LocalProvider::RemoveSandbox(const std::string& id) const {
 }
 
 absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Attach(const std::string& id,
-                                                              const SandboxSpec& spec) {
+                                                               const SandboxSpec& spec) {
   if (!IsLocalSandboxId(id)) {
-    return absl::InvalidArgumentError(absl::StrCat("local: \"", id, "\" is not a local sandbox id"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("local: \"", id, "\" is not a local sandbox id"));
   }
   struct stat st;
   if (stat((SandboxDir(id) + "/workspace").c_str(), &st) != 0) {
@@ -1012,8 +1001,7 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Attach(const std::string
 }
 
 absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Start(const std::string& id,
-                                                             const SandboxSpec& spec,
-                                                             bool fresh) {
+                                                              const SandboxSpec& spec, bool fresh) {
   ASSIGN_OR_RETURN(LocalLimits limits, LimitsFor(spec.resources, spec.ceiling));
   LocalSandbox::Parts parts;
   parts.id = id;
@@ -1093,7 +1081,8 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Start(const std::string&
   // Spawn the container with init's control socket on fd 3 and the seccomp
   // program on fd 4.
   int sv[2];
-  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return fail("socketpair", errno);
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+    return fail("socketpair", errno);
   int one = 1;
   setsockopt(sv[0], SOL_SOCKET, SO_PASSCRED, &one, sizeof(one));
   parts.ctl = sv[0];
@@ -1184,7 +1173,8 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Start(const std::string&
         "local: the sandbox container did not start (", why.empty() ? "no output" : why, ")"));
   }
   ok = true;
-  return std::unique_ptr<Sandbox>(new LocalSandbox(this, uids_, cgroups_.get(), std::move(parts), spec));
+  return std::unique_ptr<Sandbox>(
+      new LocalSandbox(this, uids_, cgroups_.get(), std::move(parts), spec));
 }
 
 absl::Status LocalProvider::ProbeEnforcement() {
@@ -1232,17 +1222,18 @@ absl::Status LocalProvider::ProbeEnforcement() {
       missing.push_back(absl::StrCat("no disk quota (loop-mounted ext4): ", d.message()));
     }
   }
-  enforcement_.detail =
-      missing.empty()
-          ? absl::StrCat("limits enforced: ", cgroups_->Describe(), "; workspace quota: loop-mounted ext4")
-          : absl::StrCat("limits NOT enforced: ", absl::StrJoin(missing, "; "));
+  enforcement_.detail = missing.empty()
+                            ? absl::StrCat("limits enforced: ", cgroups_->Describe(),
+                                           "; workspace quota: loop-mounted ext4")
+                            : absl::StrCat("limits NOT enforced: ", absl::StrJoin(missing, "; "));
   if (missing.empty()) return absl::OkStatus();
   if (config_.enforcement == "best_effort" || config_.isolation == "none") {
     Log(LogLevel::kWarning, "local.enforcement_best_effort",
         {{"message",
           absl::StrCat("providers.local.enforcement is \"best_effort\": sandboxes run WITHOUT "
                        "some kernel-enforced limits (",
-                       enforcement_.detail, "); one sandbox can take the host's memory, CPU or disk")}});
+                       enforcement_.detail,
+                       "); one sandbox can take the host's memory, CPU or disk")}});
     return absl::OkStatus();
   }
   return absl::FailedPreconditionError(absl::StrCat(
@@ -1399,8 +1390,9 @@ absl::StatusOr<std::vector<OwnedSandbox>> LocalProvider::ListOwned(
     out.push_back(std::move(o));
   }
   closedir(dir);
-  std::sort(out.begin(), out.end(),
-            [](const OwnedSandbox& a, const OwnedSandbox& b) { return a.sandbox_id < b.sandbox_id; });
+  std::sort(out.begin(), out.end(), [](const OwnedSandbox& a, const OwnedSandbox& b) {
+    return a.sandbox_id < b.sandbox_id;
+  });
   return out;
 }
 
