@@ -3,6 +3,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "server/broker_core.h"
 #include "server/grpc_service.h"
 
 namespace sandbox {
@@ -10,12 +11,6 @@ namespace {
 
 constexpr int kDefaultPageSize = 100;
 constexpr int kMaxPageSize = 1000;
-
-void SetTime(absl::Time t, google::protobuf::Timestamp* ts) {
-  const int64_t ns = absl::ToUnixNanos(t);
-  ts->set_seconds(ns / 1000000000);
-  ts->set_nanos(static_cast<int32_t>(ns % 1000000000));
-}
 
 absl::Status ValidTenant(const std::string& tenant, bool required) {
   if (tenant.empty() && !required) return absl::OkStatus();

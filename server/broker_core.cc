@@ -18,12 +18,6 @@ namespace {
 constexpr int kDefaultPageSize = 100;
 constexpr int kMaxPageSize = 1000;
 
-void SetTime(absl::Time t, google::protobuf::Timestamp* ts) {
-  const int64_t ns = absl::ToUnixNanos(t);
-  ts->set_seconds(ns / 1000000000);
-  ts->set_nanos(static_cast<int32_t>(ns % 1000000000));
-}
-
 absl::StatusOr<Language> ToLanguage(pb::Language l) {
   switch (l) {
     case pb::LANGUAGE_UNSPECIFIED:
@@ -689,6 +683,12 @@ absl::StatusOr<Lease> BrokerCore::AcquireFor(const CallContext& ctx, const std::
     return Refused(ctx, lease.status(), "max_sessions", provider);
   }
   return lease;
+}
+
+void SetTime(absl::Time t, google::protobuf::Timestamp* ts) {
+  const int64_t ns = absl::ToUnixNanos(t);
+  ts->set_seconds(ns / 1000000000);
+  ts->set_nanos(static_cast<int32_t>(ns % 1000000000));
 }
 
 }  // namespace sandbox

@@ -152,4 +152,7 @@ class BrokerCore {
 // 1-128 characters of [A-Za-z0-9._:-].
 absl::Status ValidateSessionId(const std::string& id);
 
+// A protobuf Timestamp from an absl::Time (wall clock).
+void SetTime(absl::Time t, google::protobuf::Timestamp* ts);
+
 }  // namespace sandbox
