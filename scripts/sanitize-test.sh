@@ -35,7 +35,7 @@ if [ "$kind" = address ]; then
   cmake --build "$dir" -j"${JOBS:-2}" --target broker_tests sandboxctl sandbox-brokerd \
     fake-e2b fake-daytona fuzz_e2b_envelope_replay fuzz_e2b_json_replay \
     fuzz_daytona_json_replay fuzz_multipart_replay fuzz_config_replay fuzz_tools_replay \
-    fuzz_workspace_fs_replay fuzz_base64_replay broker_soak
+    fuzz_workspace_fs_replay fuzz_base64_replay fuzz_mcp_http_replay broker_soak
   built=$(date +%s)
   echo "sanitize-test: $kind build took $((built - start)) s ($(cpu_seconds) CPU s so far)" >&2
   # One test at a time (CTEST_JOBS): tests running side by side share the
