@@ -237,17 +237,24 @@ int AdminMain(const std::shared_ptr<grpc::Channel>& channel, const AdminFlags& f
       std::cout << Json(*r) << "\n";
       return 0;
     }
-    std::vector<std::vector<std::string>> rows{{"TENANT", "PROVIDER", "SESSIONS", "RUNS", "RUN_S",
-                                                "SANDBOX_S", "CPU_S", "OUTPUT_B", "FILE_B", "OOM",
-                                                "REFUSED"}};
-    for (const auto& u : r->usage()) {
-      rows.push_back({u.tenant(), u.provider(), std::to_string(u.sessions_created()),
-                      std::to_string(u.runs()), Num(u.run_seconds()), Num(u.sandbox_seconds()),
-                      Num(u.cpu_seconds()), std::to_string(u.output_bytes()),
-                      std::to_string(u.file_transfer_bytes()), std::to_string(u.oom_kills()),
-                      std::to_string(u.quota_refusals())});
+    auto table = [](const google::protobuf::RepeatedPtrField<sandbox::pb::TenantUsage>& list) {
+      std::vector<std::vector<std::string>> rows{{"TENANT", "PROVIDER", "SESSIONS", "RUNS",
+                                                  "RUN_S", "SANDBOX_S", "CPU_S", "OUTPUT_B",
+                                                  "FILE_B", "OOM", "REFUSED"}};
+      for (const auto& u : list) {
+        rows.push_back({u.tenant(), u.provider(), std::to_string(u.sessions_created()),
+                        std::to_string(u.runs()), Num(u.run_seconds()), Num(u.sandbox_seconds()),
+                        Num(u.cpu_seconds()), std::to_string(u.output_bytes()),
+                        std::to_string(u.file_transfer_bytes()), std::to_string(u.oom_kills()),
+                        std::to_string(u.quota_refusals())});
+      }
+      PrintTable(rows);
+    };
+    table(r->usage());
+    if (r->has_store_created()) {
+      std::cout << "\nsince the store was created (" << TextOf(r->store_created()) << "):\n";
+      table(r->since_store());
     }
-    PrintTable(rows);
     return 0;
   }
   if (sub == "reload") {

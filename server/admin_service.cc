@@ -206,19 +206,27 @@ grpc::Status AdminService::GetUsage(grpc::ServerContext* ctx, const pb::GetUsage
                                     pb::GetUsageResponse* resp) {
   return Handle(ctx, "GetUsage", req->tenant(), "", [&](const std::string&, auto*) {
     if (absl::Status s = ValidTenant(req->tenant(), false); !s.ok()) return s;
-    for (const auto& [key, c] : d_.usage->Totals(req->tenant())) {
-      pb::TenantUsage* u = resp->add_usage();
-      u->set_tenant(key.first);
-      u->set_provider(key.second);
-      u->set_sessions_created(c.sessions_created);
-      u->set_runs(c.runs);
-      u->set_run_seconds(c.run_seconds);
-      u->set_sandbox_seconds(c.sandbox_seconds);
-      u->set_cpu_seconds(c.cpu_seconds);
-      u->set_output_bytes(c.output_bytes);
-      u->set_file_transfer_bytes(c.file_transfer_bytes);
-      u->set_oom_kills(c.oom_kills);
-      u->set_quota_refusals(c.quota_refusals);
+    auto fill = [](const UsageTotals& totals,
+                   google::protobuf::RepeatedPtrField<pb::TenantUsage>* list) {
+      for (const auto& [key, c] : totals) {
+        pb::TenantUsage* u = list->Add();
+        u->set_tenant(key.first);
+        u->set_provider(key.second);
+        u->set_sessions_created(c.sessions_created);
+        u->set_runs(c.runs);
+        u->set_run_seconds(c.run_seconds);
+        u->set_sandbox_seconds(c.sandbox_seconds);
+        u->set_cpu_seconds(c.cpu_seconds);
+        u->set_output_bytes(c.output_bytes);
+        u->set_file_transfer_bytes(c.file_transfer_bytes);
+        u->set_oom_kills(c.oom_kills);
+        u->set_quota_refusals(c.quota_refusals);
+      }
+    };
+    fill(d_.usage->Totals(req->tenant()), resp->mutable_usage());
+    if (d_.usage->has_store()) {
+      fill(d_.usage->StoreTotals(req->tenant()), resp->mutable_since_store());
+      SetTime(d_.usage->store_since(), resp->mutable_store_created());
     }
     SetTime(d_.usage->since(), resp->mutable_since());
     return absl::OkStatus();

@@ -71,7 +71,10 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
   for (const auto& n : s->providers_->UnavailableNames()) provider_names.push_back(n);
   ASSIGN_OR_RETURN(std::shared_ptr<const OperatorSnapshot> snapshot,
                    Reloader::SnapshotOf(config, config, provider_names, 1));
-  s->usage_ = std::make_unique<UsageMeter>(s->metrics_->registry().get(), nullptr,
+  // Usage since the store was created: buffered in memory, flushed on the
+  // reaper tick and at shutdown (FlushUsage).
+  ASSIGN_OR_RETURN(s->usage_store_, BufferedUsageStore::Open(s->store_));
+  s->usage_ = std::make_unique<UsageMeter>(s->metrics_->registry().get(), s->usage_store_.get(),
                                            s->clock_->Now());
   s->usage_->SetKnownTenants(snapshot->KnownTenants());
   s->accounting_ = std::make_unique<SessionAccounting>(s->usage_.get(), s->audit_.get());
@@ -198,6 +201,7 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
       absl::Time next_sweep = clock->Monotonic() + sweep_every;
       while (!self->stop_reaper_.WaitForNotificationWithTimeout(absl::Seconds(1))) {
         self->sessions_->FlushActivity();
+        self->FlushUsage();
         const absl::Time now = clock->Monotonic();
         if (now >= next_reap) {
           self->sessions_->RunOnce();
@@ -309,7 +313,23 @@ void BrokerServer::Shutdown(absl::Duration grace) {
     mcp_->CloseAllSessions();
   }
   if (config_.drain_close_sandboxes) sessions_->CloseAll();
+  FlushUsage();  // after the last calls and closes were metered
   Log(LogLevel::kInfo, "broker.stopped", {});
+}
+
+void BrokerServer::FlushUsage() {
+  if (usage_store_ == nullptr) return;
+  const absl::Status st = usage_store_->Flush();
+  // Logged when it starts failing and when it recovers, not every tick.
+  if (st.ok() == usage_flush_ok_.load()) return;
+  usage_flush_ok_.store(st.ok());
+  if (st.ok()) {
+    Log(LogLevel::kInfo, "usage.flush_recovered", {});
+  } else {
+    Log(LogLevel::kWarning, "usage.flush_failed",
+        {{"error", std::string(st.message())},
+         {"message", "usage since the store was created is kept in memory and retried"}});
+  }
 }
 
 void BrokerServer::Wait() { server_->Wait(); }

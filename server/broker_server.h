@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -101,6 +102,8 @@ class BrokerServer {
   void SetHealth(bool serving);
   // Sets every health service from serving_ and the providers' probes.
   void PublishHealth();
+  // Writes the buffered usage to the store (the reaper tick, and shutdown).
+  void FlushUsage();
 
   BrokerConfig config_;
   Clock* clock_ = nullptr;
@@ -108,6 +111,10 @@ class BrokerServer {
   // Before sessions_: its destructor closes sessions, which are metered
   // and audited.
   std::unique_ptr<AuditLog> audit_;
+  // Before usage_, which adds to it until the session table is gone. Only
+  // Flush() touches the store.
+  std::unique_ptr<BufferedUsageStore> usage_store_;
+  std::atomic<bool> usage_flush_ok_{true};
   std::unique_ptr<UsageMeter> usage_;
   std::unique_ptr<SessionAccounting> accounting_;
   std::unique_ptr<PolicyEngine> policy_;

@@ -16,7 +16,8 @@ class MemoryStore final : public SessionStore {
  public:
   explicit MemoryStore(std::string deployment_id)
       : deployment_id_(deployment_id.empty() ? absl::StrCat("dep-", RandomHex(8))
-                                             : std::move(deployment_id)) {}
+                                             : std::move(deployment_id)),
+        created_at_(absl::Now()) {}
 
   std::string backend() const override { return "memory"; }
   bool durable() const override { return false; }
@@ -81,10 +82,24 @@ class MemoryStore final : public SessionStore {
     runs_.erase({tenant, id, run_id});
     return absl::OkStatus();
   }
+  absl::Status AddUsage(const std::vector<UsageRow>& deltas) override {
+    absl::MutexLock l(&mu_);
+    for (const UsageRow& d : deltas) usage_[{d.tenant, d.provider}].Add(d.counters);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<UsageRow>> LoadUsage() override {
+    absl::MutexLock l(&mu_);
+    std::vector<UsageRow> out;
+    for (const auto& [k, c] : usage_) out.push_back(UsageRow{k.first, k.second, c});
+    return out;
+  }
+  absl::Time created_at() const override { return created_at_; }
 
  private:
   mutable absl::Mutex mu_;
   std::string deployment_id_ ABSL_GUARDED_BY(mu_);
+  const absl::Time created_at_;
+  UsageTotals usage_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, std::string>, SessionRecord> sessions_ ABSL_GUARDED_BY(mu_);
   std::map<std::tuple<std::string, std::string, std::string>, RunRecord> runs_ ABSL_GUARDED_BY(mu_);
 };

@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/usage_store.h"
 
 namespace sandbox {
 
@@ -64,6 +65,13 @@ struct RunRecord {
   absl::Time finished_at = absl::UnixEpoch();
 };
 
+// One (tenant, provider)'s usage: a row's totals, or a delta to add to it.
+struct UsageRow {
+  std::string tenant;
+  std::string provider;
+  UsageCounters counters;
+};
+
 // Thread-safe. Every write is durable when it returns OK (for a durable
 // store). Errors: UNAVAILABLE / INTERNAL when the backing storage fails.
 class SessionStore {
@@ -100,6 +108,19 @@ class SessionStore {
   virtual absl::Status PutRun(const RunRecord& record) = 0;
   virtual absl::Status DeleteRun(const std::string& tenant, const std::string& session_id,
                                  const std::string& run_id) = 0;
+
+  // Usage since the store was created (BufferedUsageStore buffers and calls
+  // AddUsage about once a second). AddUsage adds each delta to its
+  // (tenant, provider) row, all in one transaction. The defaults keep no
+  // usage (a store that does not meter).
+  virtual absl::Status AddUsage(const std::vector<UsageRow>& deltas) {
+    return deltas.empty() ? absl::OkStatus()
+                          : absl::UnimplementedError("state: this store keeps no usage");
+  }
+  virtual absl::StatusOr<std::vector<UsageRow>> LoadUsage() { return std::vector<UsageRow>{}; }
+  // When the store was created (for a store from before usage was kept: when
+  // this broker version first opened it).
+  virtual absl::Time created_at() const { return absl::InfinitePast(); }
 };
 
 // Nothing durable; for tests and explicit opt-out.

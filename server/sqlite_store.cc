@@ -59,6 +59,10 @@ class Stmt {
     sqlite3_bind_int64(s_, i, v);
     return *this;
   }
+  Stmt& Real(int i, double v) {
+    sqlite3_bind_double(s_, i, v);
+    return *this;
+  }
   // SQLITE_ROW, SQLITE_DONE or an error code.
   int Step() { return s_ ? sqlite3_step(s_) : SQLITE_ERROR; }
   std::string ColText(int i) {
@@ -68,6 +72,7 @@ class Stmt {
              : std::string();
   }
   int64_t ColInt(int i) { return sqlite3_column_int64(s_, i); }
+  double ColReal(int i) { return sqlite3_column_double(s_, i); }
   bool ok() const { return s_ != nullptr; }
 
  private:
@@ -124,6 +129,25 @@ class SqliteStore final : public SessionStore {
     Stmt dep(db_, "SELECT value FROM meta WHERE key = 'deployment_id'");
     if (dep.Step() != SQLITE_ROW) return absl::FailedPreconditionError("state: no deployment_id");
     deployment_id_ = dep.ColText(0);
+    // Usage (added after schema 1 without changing it: a store from before
+    // gets the table, and its created_at is when this version first opened it).
+    RETURN_IF_ERROR(ExecLocked(
+        "CREATE TABLE IF NOT EXISTS usage(tenant TEXT NOT NULL, provider TEXT NOT NULL,"
+        " sessions_created INTEGER NOT NULL, runs INTEGER NOT NULL, run_seconds REAL NOT NULL,"
+        " sandbox_seconds REAL NOT NULL, cpu_seconds REAL NOT NULL,"
+        " output_bytes INTEGER NOT NULL, file_transfer_bytes INTEGER NOT NULL,"
+        " oom_kills INTEGER NOT NULL, quota_refusals INTEGER NOT NULL,"
+        " PRIMARY KEY(tenant, provider))"));
+    Stmt put_created(db_, "INSERT OR IGNORE INTO meta(key, value) VALUES ('created_at_us', ?1)");
+    put_created.Text(1, absl::StrCat(ToMicros(absl::Now())));
+    if (put_created.Step() != SQLITE_DONE) return Error("init created_at");
+    Stmt created(db_, "SELECT value FROM meta WHERE key = 'created_at_us'");
+    int64_t us = 0;
+    if (created.Step() != SQLITE_ROW || !absl::SimpleAtoi(created.ColText(0), &us)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("state: ", path_, " has a bad created_at_us"));
+    }
+    created_at_ = FromMicros(us);
     return absl::OkStatus();
   }
 
@@ -290,6 +314,77 @@ class SqliteStore final : public SessionStore {
     return absl::OkStatus();
   }
 
+  absl::Time created_at() const override {
+    absl::MutexLock l(&mu_);
+    return created_at_;
+  }
+
+  absl::Status AddUsage(const std::vector<UsageRow>& deltas) override {
+    if (deltas.empty()) return absl::OkStatus();
+    absl::MutexLock l(&mu_);
+    RETURN_IF_ERROR(ExecLocked("BEGIN IMMEDIATE"));
+    for (const UsageRow& d : deltas) {
+      Stmt s(db_,
+             "INSERT INTO usage(tenant, provider, sessions_created, runs, run_seconds,"
+             " sandbox_seconds, cpu_seconds, output_bytes, file_transfer_bytes, oom_kills,"
+             " quota_refusals) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+             " ON CONFLICT(tenant, provider) DO UPDATE SET"
+             " sessions_created = sessions_created + excluded.sessions_created,"
+             " runs = runs + excluded.runs, run_seconds = run_seconds + excluded.run_seconds,"
+             " sandbox_seconds = sandbox_seconds + excluded.sandbox_seconds,"
+             " cpu_seconds = cpu_seconds + excluded.cpu_seconds,"
+             " output_bytes = output_bytes + excluded.output_bytes,"
+             " file_transfer_bytes = file_transfer_bytes + excluded.file_transfer_bytes,"
+             " oom_kills = oom_kills + excluded.oom_kills,"
+             " quota_refusals = quota_refusals + excluded.quota_refusals");
+      const UsageCounters& c = d.counters;
+      s.Text(1, d.tenant)
+          .Text(2, d.provider)
+          .Int(3, c.sessions_created)
+          .Int(4, c.runs)
+          .Real(5, c.run_seconds)
+          .Real(6, c.sandbox_seconds)
+          .Real(7, c.cpu_seconds)
+          .Int(8, c.output_bytes)
+          .Int(9, c.file_transfer_bytes)
+          .Int(10, c.oom_kills)
+          .Int(11, c.quota_refusals);
+      if (s.Step() != SQLITE_DONE) {
+        absl::Status e = Error("add usage");
+        (void)ExecLocked("ROLLBACK");
+        return e;
+      }
+    }
+    return ExecLocked("COMMIT");
+  }
+
+  absl::StatusOr<std::vector<UsageRow>> LoadUsage() override {
+    absl::MutexLock l(&mu_);
+    Stmt s(db_,
+           "SELECT tenant, provider, sessions_created, runs, run_seconds, sandbox_seconds,"
+           " cpu_seconds, output_bytes, file_transfer_bytes, oom_kills, quota_refusals"
+           " FROM usage");
+    std::vector<UsageRow> out;
+    int rc;
+    while ((rc = s.Step()) == SQLITE_ROW) {
+      UsageRow r;
+      r.tenant = s.ColText(0);
+      r.provider = s.ColText(1);
+      r.counters.sessions_created = s.ColInt(2);
+      r.counters.runs = s.ColInt(3);
+      r.counters.run_seconds = s.ColReal(4);
+      r.counters.sandbox_seconds = s.ColReal(5);
+      r.counters.cpu_seconds = s.ColReal(6);
+      r.counters.output_bytes = s.ColInt(7);
+      r.counters.file_transfer_bytes = s.ColInt(8);
+      r.counters.oom_kills = s.ColInt(9);
+      r.counters.quota_refusals = s.ColInt(10);
+      out.push_back(std::move(r));
+    }
+    if (rc != SQLITE_DONE) return Error("load usage");
+    return out;
+  }
+
   // Runs `sql` (no results). Public for OpenSqliteStore's pragmas.
   absl::Status ExecLocked(const char* sql) {
     char* err = nullptr;
@@ -312,6 +407,7 @@ class SqliteStore final : public SessionStore {
   sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);
   const int lock_fd_;
   std::string deployment_id_ ABSL_GUARDED_BY(mu_);
+  absl::Time created_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 absl::StatusOr<int> TakeLock(const std::string& path) {

@@ -2,18 +2,6 @@
 
 namespace sandbox {
 
-void UsageCounters::Add(const UsageCounters& d) {
-  sessions_created += d.sessions_created;
-  runs += d.runs;
-  run_seconds += d.run_seconds;
-  sandbox_seconds += d.sandbox_seconds;
-  cpu_seconds += d.cpu_seconds;
-  output_bytes += d.output_bytes;
-  file_transfer_bytes += d.file_transfer_bytes;
-  oom_kills += d.oom_kills;
-  quota_refusals += d.quota_refusals;
-}
-
 struct UsageMeter::Families {
   explicit Families(prometheus::Registry& r)
       : sessions(Build(r, "sandbox_broker_tenant_sessions_created_total",
@@ -91,15 +79,30 @@ void UsageMeter::Record(const std::string& tenant, const std::string& provider,
   inc(families_->quota_refusals, static_cast<double>(d.quota_refusals));
 }
 
-std::map<UsageKey, UsageCounters> UsageMeter::Totals(const std::string& tenant) const {
-  absl::MutexLock l(&mu_);
-  if (tenant.empty()) return totals_;
-  std::map<UsageKey, UsageCounters> out;
-  for (auto it = totals_.lower_bound({tenant, ""});
-       it != totals_.end() && it->first.first == tenant; ++it) {
+namespace {
+UsageTotals OfTenant(const UsageTotals& all, const std::string& tenant) {
+  if (tenant.empty()) return all;
+  UsageTotals out;
+  for (auto it = all.lower_bound({tenant, ""}); it != all.end() && it->first.first == tenant;
+       ++it) {
     out.insert(*it);
   }
   return out;
+}
+}  // namespace
+
+std::map<UsageKey, UsageCounters> UsageMeter::Totals(const std::string& tenant) const {
+  absl::MutexLock l(&mu_);
+  return OfTenant(totals_, tenant);
+}
+
+UsageTotals UsageMeter::StoreTotals(const std::string& tenant) const {
+  if (store_ == nullptr) return {};
+  return OfTenant(store_->Totals(), tenant);
+}
+
+absl::Time UsageMeter::store_since() const {
+  return store_ != nullptr ? store_->created_at() : absl::InfinitePast();
 }
 
 }  // namespace sandbox

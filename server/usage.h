@@ -14,36 +14,9 @@
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/registry.h"
+#include "server/usage_store.h"
 
 namespace sandbox {
-
-// What a tenant used on a provider (totals, or one event's increment).
-struct UsageCounters {
-  int64_t sessions_created = 0;
-  int64_t runs = 0;
-  double run_seconds = 0;      // wall time of runs
-  double sandbox_seconds = 0;  // create -> destroy, counted at close
-  double cpu_seconds = 0;      // where the provider reports it
-  int64_t output_bytes = 0;
-  int64_t file_transfer_bytes = 0;
-  int64_t oom_kills = 0;
-  int64_t quota_refusals = 0;
-
-  void Add(const UsageCounters& d);
-};
-
-using UsageKey = std::pair<std::string, std::string>;  // (tenant, provider)
-
-// Where usage is kept beyond the process: the seam for the durable session
-// store. Add() is called with each increment as it happens; Totals() gives
-// the totals since the store was created.
-class UsageStore {
- public:
-  virtual ~UsageStore() = default;
-  virtual void Add(const std::string& tenant, const std::string& provider,
-                   const UsageCounters& delta) = 0;
-  virtual std::map<UsageKey, UsageCounters> Totals() = 0;
-};
 
 // Usage metering per tenant and provider, counted as it happens: totals since
 // start for GetUsage, and the same as Prometheus counters whose `tenant`
@@ -64,6 +37,13 @@ class UsageMeter {
   // Totals since start, of one tenant or (empty) all, by (tenant, provider).
   std::map<UsageKey, UsageCounters> Totals(const std::string& tenant = "") const;
   absl::Time since() const { return since_; }
+
+  // Totals since the store was created, of one tenant or (empty) all; empty
+  // without a store.
+  UsageTotals StoreTotals(const std::string& tenant = "") const;
+  // When the store began counting (InfinitePast without a store).
+  absl::Time store_since() const;
+  bool has_store() const { return store_ != nullptr; }
 
   static constexpr char kOtherTenant[] = "other";
 

@@ -575,6 +575,54 @@ TEST_F(OperatorsTest, UsageMatchesAKnownWorkload) {
   EXPECT_TRUE(has("sandbox_broker_tenant_runs_total", "beta", "1"));
 }
 
+// Usage since the store was created survives a restart (the broker flushes
+// its buffered usage at shutdown and reloads it at start); usage since start
+// begins again from zero.
+TEST_F(OperatorsTest, UsageSinceTheStoreSurvivesARestart) {
+  Start();
+  ASSERT_TRUE(Run(kAlpha, "s1", "12345").ok());
+  ASSERT_TRUE(Run(kAlpha, "s1", "123").ok());
+  ASSERT_TRUE(Run(kBeta, "b", "ab").ok());
+  auto first = Admin()->GetUsage("alpha");
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->usage_size(), 1);
+  ASSERT_EQ(first->since_store_size(), 1);  // a new store: the same as since start
+  EXPECT_EQ(first->since_store(0).tenant(), "alpha");
+  EXPECT_EQ(first->since_store(0).runs(), 2);
+  EXPECT_EQ(first->since_store(0).output_bytes(), 8);
+  ASSERT_TRUE(first->has_store_created());
+  const int64_t created = first->store_created().seconds();
+  EXPECT_GT(created, 0);
+
+  server_.reset();  // a graceful stop
+  Start();
+  auto second = Admin()->GetUsage("alpha");
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->usage_size(), 0) << "since start resets";
+  ASSERT_EQ(second->since_store_size(), 1);
+  EXPECT_EQ(second->since_store(0).provider(), "echo");
+  EXPECT_EQ(second->since_store(0).runs(), 2);
+  EXPECT_EQ(second->since_store(0).output_bytes(), 8);
+  EXPECT_EQ(second->since_store(0).sessions_created(), 1);
+  EXPECT_EQ(second->store_created().seconds(), created);
+
+  ASSERT_TRUE(Run(kAlpha, "s2", "1").ok());
+  auto third = Admin()->GetUsage("alpha");
+  ASSERT_TRUE(third.ok());
+  ASSERT_EQ(third->usage_size(), 1);
+  EXPECT_EQ(third->usage(0).runs(), 1);
+  EXPECT_EQ(third->usage(0).sessions_created(), 1);
+  ASSERT_EQ(third->since_store_size(), 1);  // not flushed yet, and counted
+  EXPECT_EQ(third->since_store(0).runs(), 3);
+  EXPECT_EQ(third->since_store(0).sessions_created(), 2);
+  auto all = Admin()->GetUsage();
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->usage_size(), 1);
+  ASSERT_EQ(all->since_store_size(), 2);
+  EXPECT_EQ(all->since_store(1).tenant(), "beta");
+  EXPECT_EQ(all->since_store(1).runs(), 1);
+}
+
 TEST_F(OperatorsTest, AuditTrailCoversEveryEventAndHoldsNoSecrets) {
   std::vector<std::string> logs;
   absl::Mutex logs_mu;

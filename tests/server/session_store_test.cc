@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/config.h"
+#include "server/usage_store.h"
 #include "tests/testing/temp_dir.h"
 
 namespace sandbox {
@@ -116,6 +117,32 @@ TEST_P(StoreContractTest, RunsPutReplaceAndGoWithTheirSession) {
   EXPECT_EQ(store_->LoadRuns()->size(), 0u);
 }
 
+TEST_P(StoreContractTest, UsageAddsDeltasToTheirRow) {
+  UsageCounters a;
+  a.runs = 2;
+  a.run_seconds = 1.5;
+  a.output_bytes = 10;
+  UsageCounters b;
+  b.runs = 1;
+  b.cpu_seconds = 0.25;
+  b.quota_refusals = 3;
+  ASSERT_TRUE(store_->AddUsage({{"alpha", "echo", a}, {"beta", "-", b}}).ok());
+  ASSERT_TRUE(store_->AddUsage({{"alpha", "echo", b}}).ok());
+  auto rows = store_->LoadUsage();
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ(rows->size(), 2u);
+  std::map<UsageKey, UsageCounters> by;
+  for (const UsageRow& r : *rows) by[{r.tenant, r.provider}] = r.counters;
+  const UsageCounters& ae = by[UsageKey("alpha", "echo")];
+  EXPECT_EQ(ae.runs, 3);
+  EXPECT_DOUBLE_EQ(ae.run_seconds, 1.5);
+  EXPECT_DOUBLE_EQ(ae.cpu_seconds, 0.25);
+  EXPECT_EQ(ae.output_bytes, 10);
+  EXPECT_EQ(ae.quota_refusals, 3);
+  EXPECT_EQ(by[UsageKey("beta", "-")].quota_refusals, 3);
+  EXPECT_NE(store_->created_at(), absl::InfinitePast());
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, StoreContractTest, ::testing::Values("memory", "sqlite"));
 
 TEST(SqliteStoreTest, ReopenKeepsRowsAndTheDeploymentId) {
@@ -141,6 +168,62 @@ TEST(SqliteStoreTest, ReopenKeepsRowsAndTheDeploymentId) {
   auto s = OpenSqliteStore(path);
   ASSERT_TRUE(s.ok());
   EXPECT_EQ((*s)->deployment_id(), "prod-eu");
+}
+
+// Buffered usage: Add() writes nothing; Flush() writes once; the totals
+// (and the store's creation time) survive reopening the file; what was never
+// flushed (a kill -9 between ticks) is lost, and only that.
+TEST(SqliteStoreTest, BufferedUsageSurvivesReopenAfterFlush) {
+  TempDir dir;
+  const std::string path = dir.path() + "/state.db";
+  absl::Time created;
+  {
+    auto store = OpenSqliteStore(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    created = (*store)->created_at();
+    auto usage = BufferedUsageStore::Open(store->get());
+    ASSERT_TRUE(usage.ok()) << usage.status();
+    UsageCounters d;
+    d.runs = 1;
+    d.run_seconds = 0.5;
+    d.file_transfer_bytes = 100;
+    for (int i = 0; i < 50; ++i) (*usage)->Add("alpha", "echo", d);
+    d.sessions_created = 1;
+    (*usage)->Add("beta", "local", d);
+    EXPECT_EQ((*usage)->pending(), 2u);
+    EXPECT_EQ((*usage)->Totals()[UsageKey("alpha", "echo")].runs, 50);  // before the flush
+    auto stored = (*store)->LoadUsage();
+    ASSERT_TRUE(stored.ok());
+    EXPECT_TRUE(stored->empty()) << "Add() must not write";
+    ASSERT_TRUE((*usage)->Flush().ok());
+    EXPECT_EQ((*usage)->pending(), 0u);
+    ASSERT_TRUE((*usage)->Flush().ok());  // nothing new: nothing added twice
+    // Added after the last flush and never flushed: lost with the process.
+    (*usage)->Add("alpha", "echo", d);
+  }
+  auto store = OpenSqliteStore(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->created_at(), created);
+  auto usage = BufferedUsageStore::Open(store->get());
+  ASSERT_TRUE(usage.ok()) << usage.status();
+  EXPECT_EQ((*usage)->created_at(), created);
+  UsageTotals t = (*usage)->Totals();
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t[UsageKey("alpha", "echo")].runs, 50);
+  EXPECT_DOUBLE_EQ(t[UsageKey("alpha", "echo")].run_seconds, 25.0);
+  EXPECT_EQ(t[UsageKey("alpha", "echo")].file_transfer_bytes, 5000);
+  EXPECT_EQ(t[UsageKey("alpha", "echo")].sessions_created, 0);
+  EXPECT_EQ(t[UsageKey("beta", "local")].sessions_created, 1);
+  // Counting goes on from the persisted totals.
+  UsageCounters more;
+  more.runs = 5;
+  (*usage)->Add("alpha", "echo", more);
+  ASSERT_TRUE((*usage)->Flush().ok());
+  auto rows = (*store)->LoadUsage();
+  ASSERT_TRUE(rows.ok());
+  for (const UsageRow& r : *rows) {
+    if (r.tenant == "alpha") EXPECT_EQ(r.counters.runs, 55);
+  }
 }
 
 TEST(SqliteStoreTest, SecondOpenerIsRefusedAndNamesTheHolder) {
