@@ -145,6 +145,17 @@ class Sandbox {
   // FAILED_PRECONDITION (destroyed), INTERNAL. Not idempotent.
   virtual absl::StatusOr<ExecResult> Exec(const ExecRequest& request) = 0;
 
+  // Exec without holding the caller's thread: `done` is called exactly once
+  // with what Exec would return, possibly before ExecAsync returns and
+  // possibly on another thread. `on_output` and `cancelled` are called on
+  // the thread that does the work and must not block. The caller keeps the
+  // sandbox alive until `done` runs. Providers that can wait without a
+  // thread (an event loop over pipes, libcurl's multi interface, a timer)
+  // override it; the default runs Exec on WorkPool::Shared(), a bounded
+  // pool of threads.
+  using ExecDone = std::function<void(absl::StatusOr<ExecResult>)>;
+  virtual void ExecAsync(ExecRequest request, ExecDone done);
+
   // Writes `data` at `path` (relative paths resolve in the sandbox's working
   // directory), creating parents. Errors: INVALID_ARGUMENT (bad path, a
   // directory), PERMISSION_DENIED (escapes the workspace), RESOURCE_EXHAUSTED,

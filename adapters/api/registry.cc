@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/event_loop.h"
 
 namespace sandbox {
 
@@ -15,6 +16,11 @@ absl::string_view LanguageName(Language language) {
       return "shell";
   }
   return "python";
+}
+
+void Sandbox::ExecAsync(ExecRequest request, ExecDone done) {
+  WorkPool::Shared()->Submit(
+      [this, request = std::move(request), done = std::move(done)]() { done(Exec(request)); });
 }
 
 void ProviderRegistry::Add(std::unique_ptr<Provider> provider) {
