@@ -1,6 +1,8 @@
 #include "server/broker_core.h"
 
 #include <cmath>
+#include <map>
+#include <optional>
 #include <algorithm>
 
 #include "absl/strings/escaping.h"
@@ -236,11 +238,32 @@ absl::StatusOr<pb::ListSessionsResponse> BrokerCore::ListSessions(
   return resp;
 }
 
-absl::StatusOr<pb::RunResult> BrokerCore::Exec(
+// One run from admission to result: what Prepare sets up and Finish reads.
+struct BrokerCore::ExecPlan {
+  CallContext ctx;
+  std::string session_id;
+  pb::SessionSpec spec;
+  Language language = Language::kPython;
+  bool language_given = false;
+  std::string code;
+  int64_t timeout = 0;
+  int64_t max_output = 0;
+  std::map<std::string, std::string> env;
+  std::function<void(OutputStream, absl::string_view)> on_output;
+  std::function<bool(std::function<void()>)> output_ready;
+  CreateOptions create;
+  std::shared_ptr<const OperatorSnapshot> snapshot;  // keeps rules alive
+  PolicyEngine::RunSlot policy_slot;
+  LimitSlot tenant_slot;
+  Lease lease;
+  ExecRequest request;
+  absl::Time start;
+};
+
+absl::StatusOr<std::unique_ptr<BrokerCore::ExecPlan>> BrokerCore::AdmitRun(
     const CallContext& ctx, const std::string& session_id, const pb::SessionSpec& spec,
     Language language, bool language_given, const std::string& code, int32_t timeout_seconds,
-    const google::protobuf::Map<std::string, std::string>& env,
-    std::function<void(OutputStream, absl::string_view)> on_output) {
+    const google::protobuf::Map<std::string, std::string>& env) {
   ASSIGN_OR_RETURN(Admission adm, Admit(ctx));
   RETURN_IF_ERROR(ValidateSessionId(session_id));
   if (code.empty()) return absl::InvalidArgumentError("code/command is empty");
@@ -252,62 +275,254 @@ absl::StatusOr<pb::RunResult> BrokerCore::Exec(
                                                    " exceeds max_timeout_seconds (",
                                                    config_.max_timeout_seconds, ")"));
   }
-  int64_t timeout = timeout_seconds == 0 ? config_.default_timeout_seconds : timeout_seconds;
-  int64_t max_output = config_.max_output_bytes;
+  auto plan = std::make_unique<ExecPlan>();
+  plan->timeout = timeout_seconds == 0 ? config_.default_timeout_seconds : timeout_seconds;
+  plan->max_output = config_.max_output_bytes;
   if (adm.rules != nullptr) {
     if (absl::Status s = PolicyEngine::CheckTimeout(*adm.rules, ctx.tenant, timeout_seconds);
         !s.ok()) {
       return Refused(ctx, s, "max_timeout_seconds");
     }
-    timeout = std::min(timeout, adm.rules->max_timeout_seconds);
-    max_output = std::min(max_output, adm.rules->max_output_bytes);
+    plan->timeout = std::min(plan->timeout, adm.rules->max_timeout_seconds);
+    plan->max_output = std::min(plan->max_output, adm.rules->max_output_bytes);
   }
   RETURN_IF_ERROR(ValidateEnv(env, "env"));
-  ASSIGN_OR_RETURN(CreateOptions o, CreateOptionsFor(ctx, adm, spec));
+  ASSIGN_OR_RETURN(plan->create, CreateOptionsFor(ctx, adm, spec));
   // Admitted before anything is created; held until the run ends.
-  PolicyEngine::RunSlot slot;
   if (adm.rules != nullptr) {
     absl::StatusOr<PolicyEngine::RunSlot> admitted = ops_.policy->BeginRun(*adm.rules, ctx.tenant);
     if (!admitted.ok()) {
       const bool rate = absl::StrContains(admitted.status().message(), "run_rate");
       return Refused(ctx, admitted.status(), rate ? "run_rate" : "max_concurrent_runs");
     }
-    slot = std::move(*admitted);
+    plan->policy_slot = std::move(*admitted);
   }
-  ASSIGN_OR_RETURN(Lease lease, AcquireFor(ctx, session_id, &o));
-  if (ctx.provider) *ctx.provider = lease.provider();
+  plan->ctx = ctx;
+  plan->session_id = session_id;
+  plan->language = language;
+  plan->language_given = language_given;
+  plan->code = code;
+  plan->env.insert(env.begin(), env.end());
+  plan->snapshot = std::move(adm.snapshot);
+  return plan;
+}
 
-  ExecRequest er;
-  er.language = language_given ? language : lease.language();
-  er.code = code;
-  er.timeout = absl::Seconds(timeout);
-  er.env.insert(env.begin(), env.end());
-  er.max_output_bytes = static_cast<size_t>(max_output);
-  er.cancelled = ctx.cancelled;
-  er.on_output = std::move(on_output);
-  const absl::Time start = clock_->Monotonic();
-  absl::StatusOr<ExecResult> exec = lease.sandbox()->Exec(er);
-  if (!exec.ok()) return DropIfGone(ctx, session_id, std::move(lease), exec.status());
+Limiter* BrokerCore::TenantRunLimiter(const std::string& tenant) {
+  if (config_.limits.max_concurrent_runs_per_tenant <= 0) return nullptr;
+  absl::MutexLock l(&limiters_mu_);
+  std::unique_ptr<Limiter>& lim = tenant_runs_[tenant];
+  if (!lim) {
+    lim = std::make_unique<Limiter>("max_concurrent_runs_per_tenant",
+                                    config_.limits.max_concurrent_runs_per_tenant,
+                                    config_.limits.max_queued_calls,
+                                    absl::Milliseconds(config_.limits.queue_timeout_ms));
+  }
+  return lim.get();
+}
+
+void BrokerCore::PublishLimits() {
+  if (!metrics_) return;
+  int64_t in_use = 0, queued = 0;
+  {
+    absl::MutexLock l(&limiters_mu_);
+    for (const auto& [tenant, lim] : tenant_runs_) {
+      Limiter::Stats st = lim->stats();
+      in_use += st.in_use;
+      queued += st.queued;
+    }
+  }
+  metrics_->LimitState("max_concurrent_runs_per_tenant", in_use, queued);
+}
+
+absl::Status BrokerCore::AcquireLease(ExecPlan& plan) {
+  ASSIGN_OR_RETURN(plan.lease, AcquireFor(plan.ctx, plan.session_id, &plan.create));
+  return Ready(plan);
+}
+
+absl::Status BrokerCore::Ready(ExecPlan& plan) {
+  if (plan.ctx.provider) *plan.ctx.provider = plan.lease.provider();
+  ExecRequest& er = plan.request;
+  er.language = plan.language_given ? plan.language : plan.lease.language();
+  er.code = std::move(plan.code);
+  er.timeout = absl::Seconds(plan.timeout);
+  er.env = std::move(plan.env);
+  er.max_output_bytes = static_cast<size_t>(plan.max_output);
+  er.cancelled = plan.ctx.cancelled;
+  er.on_output = std::move(plan.on_output);
+  er.output_ready = std::move(plan.output_ready);
+  plan.start = clock_->Monotonic();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<pb::RunResult> BrokerCore::Finish(ExecPlan& plan,
+                                                 absl::StatusOr<ExecResult> exec) {
+  if (!exec.ok()) return DropIfGone(plan.ctx, plan.session_id, std::move(plan.lease), exec.status());
   ExecResult& r = *exec;
-  if (metrics_) metrics_->RunFinished(lease.provider(), r.output.size(), r.timed_out);
-  if (metrics_ && r.oom_killed) metrics_->OomKilled(lease.provider());
+  const std::string& provider = plan.lease.provider();
+  if (metrics_) metrics_->RunFinished(provider, r.output.size(), r.timed_out);
+  if (metrics_ && r.oom_killed) metrics_->OomKilled(provider);
   pb::RunResult out;
   out.set_output(RepairUtf8(r.output));
   out.set_exit_code(r.exit_code);
   out.set_timed_out(r.timed_out);
   out.set_truncated(r.truncated);
   out.set_oom_killed(r.oom_killed);
-  out.set_duration_ms(absl::ToInt64Milliseconds(clock_->Monotonic() - start));
+  const absl::Duration took = clock_->Monotonic() - plan.start;
+  out.set_duration_ms(absl::ToInt64Milliseconds(took));
   {
     UsageCounters d;
     d.runs = 1;
-    d.run_seconds = absl::ToDoubleSeconds(clock_->Monotonic() - start);
+    d.run_seconds = absl::ToDoubleSeconds(took);
     d.output_bytes = static_cast<int64_t>(r.output.size());
     d.oom_kills = r.oom_killed ? 1 : 0;
-    RecordUsage(ctx, lease.provider(), d);
+    RecordUsage(plan.ctx, provider, d);
   }
   if (r.cancelled) return absl::CancelledError("the call was cancelled; the run was killed");
   return out;
+}
+
+absl::StatusOr<pb::RunResult> BrokerCore::Exec(
+    const CallContext& ctx, const std::string& session_id, const pb::SessionSpec& spec,
+    Language language, bool language_given, const std::string& code, int32_t timeout_seconds,
+    const google::protobuf::Map<std::string, std::string>& env,
+    std::function<void(OutputStream, absl::string_view)> on_output) {
+  std::optional<RequestIdScope> scope;
+  if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
+  ASSIGN_OR_RETURN(std::unique_ptr<ExecPlan> plan,
+                   AdmitRun(ctx, session_id, spec, language, language_given, code,
+                            timeout_seconds, env));
+  plan->on_output = std::move(on_output);
+  if (Limiter* lim = TenantRunLimiter(ctx.tenant)) {
+    if (absl::Status s = lim->AcquireBlocking(); !s.ok()) {
+      if (metrics_) metrics_->LimitRefused(lim->name());
+      return Refused(ctx, s, lim->name());
+    }
+    plan->tenant_slot = LimitSlot(lim);
+  }
+  RETURN_IF_ERROR(AcquireLease(*plan));
+  absl::StatusOr<ExecResult> exec = plan->lease.sandbox()->Exec(plan->request);
+  return Finish(*plan, std::move(exec));
+}
+
+void BrokerCore::ExecAsync(std::unique_ptr<ExecPlan> plan, RunDone done) {
+  auto shared = std::shared_ptr<ExecPlan>(std::move(plan));
+  auto after_slot = [this, shared, done](absl::Status slot) mutable {
+    if (!slot.ok()) {
+      if (metrics_) metrics_->LimitRefused("max_concurrent_runs_per_tenant");
+      done(Refused(shared->ctx, slot, "max_concurrent_runs_per_tenant"));
+      return;
+    }
+    bool would_block = false;
+    absl::StatusOr<sandbox::Lease> lease =
+        sessions_->TryAcquire(shared->ctx.tenant, shared->session_id, &shared->create,
+                              &would_block);
+    if (would_block) {
+      // A create, an attach or a creation in progress: on a thread that may
+      // block (bounded by max_concurrent_creates per provider).
+      blocking_->Submit([this, shared, done]() mutable {
+        std::optional<RequestIdScope> scope;
+        if (!shared->ctx.request_id.empty()) scope.emplace(shared->ctx.request_id);
+        if (absl::Status s = AcquireLease(*shared); !s.ok()) {
+          done(s);
+          return;
+        }
+        Start(shared, std::move(done));
+      });
+      return;
+    }
+    if (!lease.ok()) {
+      done(lease.status());
+      return;
+    }
+    shared->lease = std::move(*lease);
+    if (absl::Status s = Ready(*shared); !s.ok()) {
+      done(s);
+      return;
+    }
+    Start(shared, std::move(done));
+  };
+  Limiter* lim = TenantRunLimiter(shared->ctx.tenant);
+  if (lim == nullptr) {
+    after_slot(absl::OkStatus());
+    return;
+  }
+  lim->Acquire([shared, lim, after_slot](absl::Status s) mutable {
+    if (s.ok()) shared->tenant_slot = LimitSlot(lim);
+    after_slot(std::move(s));
+  });
+}
+
+void BrokerCore::Start(std::shared_ptr<ExecPlan> plan, RunDone done) {
+  Sandbox* sb = plan->lease.sandbox();
+  ExecRequest request = plan->request;
+  sb->ExecAsync(std::move(request), [this, plan, done](absl::StatusOr<ExecResult> exec) mutable {
+    if (!exec.ok() && IsSandboxGone(exec.status())) {
+      // Closing the session destroys its sandbox: not on the loop's thread.
+      blocking_->Submit([this, plan, done, exec = std::move(exec)]() mutable {
+        std::optional<RequestIdScope> scope;
+        if (!plan->ctx.request_id.empty()) scope.emplace(plan->ctx.request_id);
+        done(Finish(*plan, std::move(exec)));
+      });
+      return;
+    }
+    std::optional<RequestIdScope> scope;
+    if (!plan->ctx.request_id.empty()) scope.emplace(plan->ctx.request_id);
+    absl::StatusOr<pb::RunResult> r = Finish(*plan, std::move(exec));
+    // Release the session and slots before answering.
+    plan->lease.Release();
+    plan->tenant_slot.Release();
+    plan->policy_slot = PolicyEngine::RunSlot();
+    done(std::move(r));
+  });
+}
+
+void BrokerCore::RunAsync(const CallContext& ctx, const pb::RunRequest& req, RunDone done) {
+  if (!req.run_id().empty() && runs_ != nullptr) {
+    // Retry-safe runs go through the ledger, which waits: on the pool.
+    blocking_->Submit([this, ctx, &req, done] { done(Run(ctx, req)); });
+    return;
+  }
+  absl::StatusOr<Language> lang = ToLanguage(req.language());
+  if (!lang.ok()) return done(lang.status());
+  auto plan = AdmitRun(ctx, req.session_id(), req.spec(), *lang,
+                    req.language() != pb::LANGUAGE_UNSPECIFIED, req.code(), req.timeout_seconds(),
+                    req.env());
+  if (!plan.ok()) return done(plan.status());
+  ExecAsync(std::move(*plan), std::move(done));
+}
+
+void BrokerCore::ShellAsync(const CallContext& ctx, const pb::ShellRequest& req, RunDone done) {
+  if (!req.run_id().empty() && runs_ != nullptr) {
+    blocking_->Submit([this, ctx, &req, done] { done(Shell(ctx, req)); });
+    return;
+  }
+  auto plan = AdmitRun(ctx, req.session_id(), req.spec(), Language::kShell, true, req.command(),
+                    req.timeout_seconds(), req.env());
+  if (!plan.ok()) return done(plan.status());
+  ExecAsync(std::move(*plan), std::move(done));
+}
+
+void BrokerCore::RunStreamAsync(const CallContext& ctx, const pb::RunRequest& req,
+                                std::function<void(OutputStream, absl::string_view)> on_chunk,
+                                std::function<bool(std::function<void()>)> output_ready,
+                                RunDone done) {
+  if (!req.run_id().empty() && runs_ != nullptr) {
+    blocking_->Submit(
+        [this, ctx, &req, on_chunk, done] { done(RunStream(ctx, req, on_chunk)); });
+    return;
+  }
+  absl::StatusOr<Language> lang = ToLanguage(req.language());
+  if (!lang.ok()) return done(lang.status());
+  auto plan = AdmitRun(ctx, req.session_id(), req.spec(), *lang,
+                    req.language() != pb::LANGUAGE_UNSPECIFIED, req.code(), req.timeout_seconds(),
+                    req.env());
+  if (!plan.ok()) return done(plan.status());
+  (*plan)->on_output = std::move(on_chunk);
+  (*plan)->output_ready = std::move(output_ready);
+  ExecAsync(std::move(*plan), [done](absl::StatusOr<pb::RunResult> r) {
+    if (r.ok()) r->clear_output();
+    done(std::move(r));
+  });
 }
 
 absl::StatusOr<pb::RunResult> BrokerCore::Once(

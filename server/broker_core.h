@@ -5,6 +5,8 @@
 
 #include "absl/status/statusor.h"
 #include "common/base64.h"  // DecodeBase64Strict
+#include "common/event_loop.h"
+#include "common/limiter.h"
 #include "sandboxbroker/v1/broker.pb.h"
 #include "server/audit.h"
 #include "server/config.h"
@@ -73,6 +75,28 @@ class BrokerCore {
   absl::StatusOr<pb::RunResult> RunStream(
       const CallContext& ctx, const pb::RunRequest& req,
       const std::function<void(OutputStream, absl::string_view)>& on_chunk);
+
+  // Asynchronous Run, Shell and RunStream: `done` is called exactly once,
+  // maybe before these return, maybe on another thread (the provider's event
+  // loop, the blocking pool). While the program runs no thread is held
+  // (providers with ExecAsync); a call that must create or attach the
+  // session's sandbox, or that carries a run_id, runs on the blocking pool.
+  // `ctx` is copied; `req` must stay valid until `done`.
+  using RunDone = std::function<void(absl::StatusOr<pb::RunResult>)>;
+  void RunAsync(const CallContext& ctx, const pb::RunRequest& req, RunDone done);
+  void ShellAsync(const CallContext& ctx, const pb::ShellRequest& req, RunDone done);
+  // `on_chunk` is called on the provider's thread and must not block;
+  // `output_ready` is ExecRequest::output_ready (flow control; may be null).
+  void RunStreamAsync(const CallContext& ctx, const pb::RunRequest& req,
+                      std::function<void(OutputStream, absl::string_view)> on_chunk,
+                      std::function<bool(std::function<void()>)> output_ready, RunDone done);
+  // The pool for work that blocks (set before serving; default
+  // WorkPool::Shared()).
+  void SetBlockingPool(WorkPool* pool) { blocking_ = pool; }
+  WorkPool* blocking_pool() const { return blocking_; }
+  // Publishes the per-tenant run limits' state to the metrics.
+  void PublishLimits();
+
   absl::StatusOr<pb::KeepAliveResponse> KeepAlive(const CallContext& ctx,
                                                   const pb::KeepAliveRequest& req);
   absl::StatusOr<pb::ListToolsResponse> ListTools(const CallContext& ctx,
@@ -127,6 +151,21 @@ class BrokerCore {
                                      const std::string& run_id,
                                      const google::protobuf::Message& req,
                                      const std::function<absl::StatusOr<pb::RunResult>()>& fn);
+  struct ExecPlan;
+  // A run's checks and policy admission (no provider call, no wait).
+  absl::StatusOr<std::unique_ptr<ExecPlan>> AdmitRun(
+      const CallContext& ctx, const std::string& session_id, const pb::SessionSpec& spec,
+      Language language, bool language_given, const std::string& code, int32_t timeout_seconds,
+      const google::protobuf::Map<std::string, std::string>& env);
+  // Acquires the session (may create: blocks), then Ready.
+  absl::Status AcquireLease(ExecPlan& plan);
+  // Builds the ExecRequest once the lease is held.
+  absl::Status Ready(ExecPlan& plan);
+  absl::StatusOr<pb::RunResult> Finish(ExecPlan& plan, absl::StatusOr<ExecResult> exec);
+  void ExecAsync(std::unique_ptr<ExecPlan> plan, RunDone done);
+  void Start(std::shared_ptr<ExecPlan> plan, RunDone done);
+  Limiter* TenantRunLimiter(const std::string& tenant);
+
   absl::StatusOr<pb::RunResult> Exec(
       const CallContext& ctx, const std::string& session_id, const pb::SessionSpec& spec,
       Language language, bool language_given, const std::string& code, int32_t timeout_seconds,
@@ -147,6 +186,9 @@ class BrokerCore {
   Metrics* const metrics_;
   OperatorHooks ops_;
   RunLedger* runs_ = nullptr;
+  WorkPool* blocking_ = WorkPool::Shared();
+  absl::Mutex limiters_mu_;
+  std::map<std::string, std::unique_ptr<Limiter>> tenant_runs_ ABSL_GUARDED_BY(limiters_mu_);
 };
 
 // 1-128 characters of [A-Za-z0-9._:-].

@@ -83,6 +83,15 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
                                                   config.default_provider, instance_id,
                                                   s->metrics_.get(), s->store_);
   s->sessions_->SetDetachOnShutdown(s->store_->durable() && !config.drain_close_sandboxes);
+  // providers.<name>.max_concurrent_creates (default 64 each).
+  for (const std::string& name : s->providers_->Names()) {
+    auto it = config.max_concurrent_creates.find(name);
+    const int64_t limit = it == config.max_concurrent_creates.end() ? 64 : it->second;
+    s->create_limiters_.push_back(std::make_unique<Limiter>(
+        absl::StrCat("providers.", name, ".max_concurrent_creates"), limit,
+        config.limits.max_queued_calls, absl::Milliseconds(config.limits.queue_timeout_ms)));
+    s->sessions_->SetCreateLimiter(name, s->create_limiters_.back().get());
+  }
   ASSIGN_OR_RETURN(int64_t recovered, s->sessions_->LoadFromStore());
   Log(LogLevel::kInfo, "state.opened",
       {{"backend", s->store_->backend()},
@@ -95,6 +104,10 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
                                           s->clock_, s->metrics_.get());
   s->core_->SetOperatorHooks({s->policy_.get(), s->usage_.get(), s->audit_.get()});
   s->core_->SetRunLedger(s->runs_.get());
+  // Calls that must block run here (max_threads); runs and streams hold no
+  // thread while they wait.
+  s->blocking_ = std::make_unique<WorkPool>("sb-serving", static_cast<int>(config.max_threads));
+  s->core_->SetBlockingPool(s->blocking_.get());
   s->reloader_ = std::make_unique<Reloader>(options.config_path, options.listen_override, config,
                                             provider_names, s->policy_.get(), s->usage_.get(),
                                             s->audit_.get());
@@ -109,7 +122,8 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
   deps.metrics = s->metrics_.get();
   s->admin_service_ = std::make_unique<AdminService>(deps);
   s->service_ =
-      std::make_unique<BrokerService>(s->core_.get(), s->auth_.get(), s->clock_, s->metrics_.get());
+      std::make_unique<BrokerService>(s->core_.get(), s->auth_.get(), s->clock_, s->metrics_.get(),
+                                      config.limits);
 
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!config.tls_cert_file.empty()) {
@@ -153,8 +167,10 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
   builder.RegisterService(s->admin_service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_bytes));
+  // The thread cap of the synchronous services (Admin, health); the
+  // SandboxBroker service is asynchronous and never waits on these.
   grpc::ResourceQuota quota("sandbox-broker");
-  quota.SetMaxThreads(static_cast<int>(config.max_threads));
+  quota.SetMaxThreads(64);
   builder.SetResourceQuota(quota);
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || port == 0) {
@@ -202,6 +218,7 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
       while (!self->stop_reaper_.WaitForNotificationWithTimeout(absl::Seconds(1))) {
         self->sessions_->FlushActivity();
         self->FlushUsage();
+        self->PublishLimits();
         const absl::Time now = clock->Monotonic();
         if (now >= next_reap) {
           self->sessions_->RunOnce();
@@ -315,6 +332,17 @@ void BrokerServer::Shutdown(absl::Duration grace) {
   if (config_.drain_close_sandboxes) sessions_->CloseAll();
   FlushUsage();  // after the last calls and closes were metered
   Log(LogLevel::kInfo, "broker.stopped", {});
+}
+
+void BrokerServer::PublishLimits() {
+  if (!metrics_) return;
+  core_->PublishLimits();
+  auto publish = [this](Limiter& l) {
+    Limiter::Stats st = l.stats();
+    metrics_->LimitState(l.name(), st.in_use, st.queued);
+  };
+  publish(*service_->call_limiter());
+  for (auto& l : create_limiters_) publish(*l);
 }
 
 void BrokerServer::FlushUsage() {

@@ -90,6 +90,7 @@ class BrokerServer {
   void ProbeProviders();
   SessionStore* store() { return store_; }
   RunLedger* runs() { return runs_.get(); }
+  BrokerService* service() { return service_.get(); }
 
   // Stops accepting calls, waits up to `grace` for running ones, then closes
   // every session. Idempotent.
@@ -104,6 +105,8 @@ class BrokerServer {
   void PublishHealth();
   // Writes the buffered usage to the store (the reaper tick, and shutdown).
   void FlushUsage();
+  // The concurrency limits' state to the metrics (the reaper tick).
+  void PublishLimits();
 
   BrokerConfig config_;
   Clock* clock_ = nullptr;
@@ -122,9 +125,14 @@ class BrokerServer {
   std::unique_ptr<SessionStore> owned_store_;
   SessionStore* store_ = nullptr;
   std::unique_ptr<RunLedger> runs_;
+  // Before the session table, which holds pointers to them.
+  std::vector<std::unique_ptr<Limiter>> create_limiters_;
   std::unique_ptr<SessionManager> sessions_;
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<BrokerCore> core_;
+  // Destroyed before the core and the session table (declared after them):
+  // its destructor finishes queued work, which uses both.
+  std::unique_ptr<WorkPool> blocking_;
   std::unique_ptr<BrokerService> service_;
   std::unique_ptr<Reloader> reloader_;
   std::unique_ptr<AdminService> admin_service_;

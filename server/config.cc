@@ -164,6 +164,16 @@ absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text) {
       return absl::InvalidArgumentError("mcp.path: must start with /");
     }
   }
+  {
+    ConfigReader l(r.Object("limits"), "limits");
+    c.limits.max_calls_in_flight =
+        l.Int("max_calls_in_flight", c.limits.max_calls_in_flight, 0, 10000000);
+    c.limits.max_concurrent_runs_per_tenant = l.Int(
+        "max_concurrent_runs_per_tenant", c.limits.max_concurrent_runs_per_tenant, 0, 10000000);
+    c.limits.max_queued_calls = l.Int("max_queued_calls", c.limits.max_queued_calls, 0, 10000000);
+    c.limits.queue_timeout_ms = l.Int("queue_timeout_ms", c.limits.queue_timeout_ms, 0, 3600000);
+    RETURN_IF_ERROR(l.Finish());
+  }
   const nlohmann::json& providers = r.Object("providers");
   const nlohmann::json& tenant_defaults = r.Object("tenant_defaults");
   const nlohmann::json& tenants = r.Object("tenants");
@@ -178,6 +188,16 @@ absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text) {
     if (!it.value().is_object()) {
       return absl::InvalidArgumentError(
           absl::StrCat("providers.", it.key(), ": must be a JSON object"));
+    }
+    // The broker's key, not the provider's: taken out before the provider
+    // reads its object.
+    if (auto m = it.value().find("max_concurrent_creates"); m != it.value().end()) {
+      if (!m->is_number_integer() || m->get<int64_t>() < 1 || m->get<int64_t>() > 100000) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "providers.", it.key(), ".max_concurrent_creates: must be an integer in [1, 100000]"));
+      }
+      c.max_concurrent_creates[it.key()] = m->get<int64_t>();
+      it.value().erase(m);
     }
   }
   for (const auto& [token, name] : c.admin_tokens) {

@@ -30,8 +30,21 @@ struct BrokerConfig {
   int64_t max_message_bytes = int64_t{32} << 20;
   // How long CloseSession waits for in-flight calls before destroying.
   int64_t close_wait_seconds = 10;
-  // Threads serving calls (each running call holds one).
+  // Threads for the calls that must block (file transfers, creates and
+  // attaches, session admin); runs and streams hold none while they wait.
   int64_t max_threads = 256;
+  // Backpressure (README "Limits"): past a limit a call waits up to
+  // queue_timeout_ms in a queue of at most max_queued_calls, then gets
+  // RESOURCE_EXHAUSTED naming the limit. 0 = unlimited.
+  struct Limits {
+    int64_t max_calls_in_flight = 20000;          // whole broker
+    int64_t max_concurrent_runs_per_tenant = 2000;  // Run, Shell, RunStream
+    int64_t max_queued_calls = 10000;             // per limit
+    int64_t queue_timeout_ms = 5000;
+  } limits;
+  // providers.<name>.max_concurrent_creates (read here, not by the
+  // provider): creates at once per provider; absent = 64.
+  std::map<std::string, int64_t> max_concurrent_creates;
   // Serve grpc.reflection (grpcurl-style tools can list and call the API).
   bool reflection = true;
   // Prometheus /metrics listener (host:port; port 0 picks one); "" = off.

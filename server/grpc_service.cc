@@ -1,5 +1,7 @@
 #include "server/grpc_service.h"
 
+#include <deque>
+
 #include "common/log.h"
 #include "common/text.h"
 
@@ -16,8 +18,13 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
 }
 
 BrokerService::BrokerService(BrokerCore* core, const Authenticator* auth, Clock* clock,
-                             Metrics* metrics)
-    : core_(core), auth_(auth), clock_(clock), metrics_(metrics) {}
+                             Metrics* metrics, const BrokerConfig::Limits& limits)
+    : core_(core),
+      auth_(auth),
+      clock_(clock),
+      metrics_(metrics),
+      calls_("max_calls_in_flight", limits.max_calls_in_flight, limits.max_queued_calls,
+             absl::Milliseconds(limits.queue_timeout_ms)) {}
 
 void BrokerService::StartDraining() {
   absl::MutexLock l(&mu_);
@@ -42,7 +49,7 @@ bool BrokerService::WaitForIdle(absl::Duration timeout) {
 
 // A caller's x-request-id if it is sane (then echoed back), else a fresh
 // one: a per-process random prefix and a counter, so no syscall per call.
-std::string RequestId(const grpc::ServerContext* ctx, bool* from_client) {
+std::string RequestId(const grpc::ServerContextBase* ctx, bool* from_client) {
   auto it = ctx->client_metadata().find("x-request-id");
   *from_client = false;
   if (it != ctx->client_metadata().end() && it->second.size() >= 1 && it->second.size() <= 64) {
@@ -61,144 +68,351 @@ std::string RequestId(const grpc::ServerContext* ctx, bool* from_client) {
   return absl::StrCat(*prefix, "-", ++counter);
 }
 
-template <typename Resp, typename Fn>
-grpc::Status BrokerService::Handle(grpc::ServerContext* ctx, absl::string_view method,
-                                   const std::string& session_id, Resp* resp, Fn&& fn) {
-  const absl::Time start = clock_->Monotonic();
-  const std::string method_name(method);
+struct BrokerService::Call {
+  grpc::CallbackServerContext* ctx = nullptr;
+  std::string method;
+  std::string session_id;
+  std::string request_id;
+  absl::Time start;
+  std::string tenant = "-";
+  std::string provider;  // CallContext::provider points here
+  bool counted = false;  // in in_flight_
+  LimitSlot slot;        // max_calls_in_flight
+};
+
+void BrokerService::Begin(const std::shared_ptr<Call>& call,
+                          std::function<void(const CallContext&)> go,
+                          std::function<void(absl::Status)> fail) {
+  grpc::CallbackServerContext* ctx = call->ctx;
+  call->start = clock_->Monotonic();
   bool echo_id = false;
-  const std::string request_id = RequestId(ctx, &echo_id);
-  if (echo_id) ctx->AddInitialMetadata("x-request-id", request_id);
+  call->request_id = RequestId(ctx, &echo_id);
+  if (echo_id) ctx->AddInitialMetadata("x-request-id", call->request_id);
   {
     absl::MutexLock l(&mu_);
     if (draining_) {
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          "the broker is shutting down; retry on another instance");
+      fail(absl::UnavailableError("the broker is shutting down; retry on another instance"));
+      return;
     }
     ++in_flight_;
+    call->counted = true;
   }
-  if (metrics_) metrics_->CallStarted(method_name);
-  std::string provider;
-  const auto& md = ctx->client_metadata();
-  auto it = md.find("authorization");
-  absl::string_view value;
-  if (it != md.end()) value = absl::string_view(it->second.data(), it->second.size());
-  // One snapshot of tokens and policy for the whole call.
-  std::shared_ptr<const OperatorSnapshot> snapshot = auth_->snapshot();
-  absl::StatusOr<std::string> tenant =
-      Authenticator::AuthenticateWith(*snapshot, it != md.end() ? &value : nullptr);
-  absl::Status status;
-  if (!tenant.ok()) {
-    status = tenant.status();
-  } else {
+  if (metrics_) metrics_->CallStarted(call->method);
+  calls_.Acquire([this, call, go = std::move(go), fail = std::move(fail)](absl::Status admitted) {
+    if (!admitted.ok()) {
+      if (metrics_) metrics_->LimitRefused(calls_.name());
+      fail(admitted);
+      return;
+    }
+    call->slot = LimitSlot(&calls_);
+    const auto& md = call->ctx->client_metadata();
+    auto it = md.find("authorization");
+    absl::string_view value;
+    if (it != md.end()) value = absl::string_view(it->second.data(), it->second.size());
+    // One snapshot of tokens and policy for the whole call.
+    std::shared_ptr<const OperatorSnapshot> snapshot = auth_->snapshot();
+    absl::StatusOr<std::string> tenant =
+        Authenticator::AuthenticateWith(*snapshot, it != md.end() ? &value : nullptr);
+    if (!tenant.ok()) {
+      fail(tenant.status());
+      return;
+    }
+    call->tenant = *tenant;
     CallContext cc;
     cc.tenant = *tenant;
-    cc.cancelled = [ctx] { return ctx->IsCancelled(); };
-    cc.provider = &provider;
-    cc.request_id = request_id;
+    grpc::CallbackServerContext* sctx = call->ctx;
+    cc.cancelled = [sctx] { return sctx->IsCancelled(); };
+    cc.provider = &call->provider;
+    cc.request_id = call->request_id;
     cc.snapshot = std::move(snapshot);
-    auto r = fn(cc);
-    status = r.status();
-    if (r.ok()) *resp = std::move(*r);
-  }
-  const absl::Duration took = clock_->Monotonic() - start;
+    go(cc);
+  });
+}
+
+grpc::Status BrokerService::End(Call& call, const absl::Status& status) {
+  const absl::Duration took = clock_->Monotonic() - call.start;
   const std::string code = absl::StatusCodeToString(status.code());
   const LogLevel level = status.ok() ? LogLevel::kInfo : LogLevel::kWarning;
   if (LogEnabled(level)) {
+    const std::string& sid = call.session_id;
     Log(level, "rpc",
-        {{"request_id", request_id},
-         {"method", method},
-         {"tenant", tenant.ok() ? *tenant : std::string("-")},
-         {"session_id", session_id.size() <= 128 ? session_id : std::string("(invalid)")},
-         {"provider", provider.empty() ? std::string("-") : provider},
+        {{"request_id", call.request_id},
+         {"method", call.method},
+         {"tenant", call.tenant},
+         {"session_id", sid.size() <= 128 ? sid : std::string("(invalid)")},
+         {"provider", call.provider.empty() ? std::string("-") : call.provider},
          {"code", code},
          {"duration_ms", absl::ToInt64Milliseconds(took)}});
   }
-  if (metrics_) metrics_->CallFinished(method_name, provider, code, took);
-  {
+  call.slot.Release();
+  if (call.counted) {
+    if (metrics_) metrics_->CallFinished(call.method, call.provider, code, took);
     absl::MutexLock l(&mu_);
     --in_flight_;
+    call.counted = false;
   }
   return ToGrpcStatus(status);
 }
 
-#define SB_HANDLE(Method, sid)           \
-  return Handle(ctx, #Method, sid, resp, \
-                [&](const CallContext& cc) { return core_->Method(cc, *req); })
+template <typename Resp, typename AsyncFn>
+grpc::ServerUnaryReactor* BrokerService::UnaryAsync(grpc::CallbackServerContext* ctx,
+                                                    absl::string_view method,
+                                                    const std::string& session_id, Resp* resp,
+                                                    AsyncFn fn) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto call = std::make_shared<Call>();
+  call->ctx = ctx;
+  call->method = std::string(method);
+  call->session_id = session_id;
+  auto finish = [this, call, reactor](absl::Status st) { reactor->Finish(End(*call, st)); };
+  Begin(
+      call,
+      [fn = std::move(fn), resp, finish](const CallContext& cc) mutable {
+        fn(cc, [resp, finish](absl::StatusOr<Resp> r) {
+          if (r.ok()) *resp = std::move(*r);
+          finish(r.status());
+        });
+      },
+      finish);
+  return reactor;
+}
 
-grpc::Status BrokerService::StartSession(grpc::ServerContext* ctx,
-                                         const pb::StartSessionRequest* req,
-                                         pb::SessionInfo* resp) {
-  SB_HANDLE(StartSession, req->session_id());
+template <typename Resp, typename Fn>
+grpc::ServerUnaryReactor* BrokerService::Unary(grpc::CallbackServerContext* ctx,
+                                               absl::string_view method,
+                                               const std::string& session_id, Resp* resp,
+                                               Mode mode, Fn fn) {
+  WorkPool* pool = core_->blocking_pool();
+  return UnaryAsync(ctx, method, session_id, resp,
+                    [fn = std::move(fn), mode, pool](
+                        const CallContext& cc,
+                        std::function<void(absl::StatusOr<Resp>)> done) mutable {
+                      if (mode == Mode::kInline) {
+                        done(fn(cc));
+                        return;
+                      }
+                      pool->Submit([fn, cc, done]() mutable { done(fn(cc)); });
+                    });
 }
-grpc::Status BrokerService::CloseSession(grpc::ServerContext* ctx,
-                                         const pb::CloseSessionRequest* req,
-                                         pb::CloseSessionResponse* resp) {
-  SB_HANDLE(CloseSession, req->session_id());
+
+#define SB_UNARY(Method, sid, mode)                      \
+  return Unary(ctx, #Method, sid, resp, Mode::mode,      \
+               [this, req](const CallContext& cc) { return core_->Method(cc, *req); })
+
+grpc::ServerUnaryReactor* BrokerService::StartSession(grpc::CallbackServerContext* ctx,
+                                                      const pb::StartSessionRequest* req,
+                                                      pb::SessionInfo* resp) {
+  SB_UNARY(StartSession, req->session_id(), kBlocking);
 }
-grpc::Status BrokerService::GetSession(grpc::ServerContext* ctx, const pb::GetSessionRequest* req,
-                                       pb::SessionInfo* resp) {
-  SB_HANDLE(GetSession, req->session_id());
+grpc::ServerUnaryReactor* BrokerService::CloseSession(grpc::CallbackServerContext* ctx,
+                                                      const pb::CloseSessionRequest* req,
+                                                      pb::CloseSessionResponse* resp) {
+  SB_UNARY(CloseSession, req->session_id(), kBlocking);
 }
-grpc::Status BrokerService::ListSessions(grpc::ServerContext* ctx,
-                                         const pb::ListSessionsRequest* req,
-                                         pb::ListSessionsResponse* resp) {
+grpc::ServerUnaryReactor* BrokerService::GetSession(grpc::CallbackServerContext* ctx,
+                                                    const pb::GetSessionRequest* req,
+                                                    pb::SessionInfo* resp) {
+  SB_UNARY(GetSession, req->session_id(), kInline);
+}
+grpc::ServerUnaryReactor* BrokerService::ListSessions(grpc::CallbackServerContext* ctx,
+                                                      const pb::ListSessionsRequest* req,
+                                                      pb::ListSessionsResponse* resp) {
   static const std::string kNone;
-  SB_HANDLE(ListSessions, kNone);
+  SB_UNARY(ListSessions, kNone, kInline);
 }
-grpc::Status BrokerService::Run(grpc::ServerContext* ctx, const pb::RunRequest* req,
-                                pb::RunResult* resp) {
-  SB_HANDLE(Run, req->session_id());
+grpc::ServerUnaryReactor* BrokerService::WriteFile(grpc::CallbackServerContext* ctx,
+                                                   const pb::WriteFileRequest* req,
+                                                   pb::WriteFileResponse* resp) {
+  SB_UNARY(WriteFile, req->session_id(), kBlocking);
 }
-grpc::Status BrokerService::Shell(grpc::ServerContext* ctx, const pb::ShellRequest* req,
-                                  pb::RunResult* resp) {
-  SB_HANDLE(Shell, req->session_id());
+grpc::ServerUnaryReactor* BrokerService::ReadFile(grpc::CallbackServerContext* ctx,
+                                                  const pb::ReadFileRequest* req,
+                                                  pb::ReadFileResponse* resp) {
+  SB_UNARY(ReadFile, req->session_id(), kBlocking);
 }
-grpc::Status BrokerService::WriteFile(grpc::ServerContext* ctx, const pb::WriteFileRequest* req,
-                                      pb::WriteFileResponse* resp) {
-  SB_HANDLE(WriteFile, req->session_id());
+grpc::ServerUnaryReactor* BrokerService::KeepAlive(grpc::CallbackServerContext* ctx,
+                                                   const pb::KeepAliveRequest* req,
+                                                   pb::KeepAliveResponse* resp) {
+  SB_UNARY(KeepAlive, req->session_id(), kBlocking);
 }
-grpc::Status BrokerService::ReadFile(grpc::ServerContext* ctx, const pb::ReadFileRequest* req,
-                                     pb::ReadFileResponse* resp) {
-  SB_HANDLE(ReadFile, req->session_id());
-}
-
-grpc::Status BrokerService::KeepAlive(grpc::ServerContext* ctx, const pb::KeepAliveRequest* req,
-                                      pb::KeepAliveResponse* resp) {
-  SB_HANDLE(KeepAlive, req->session_id());
-}
-grpc::Status BrokerService::ListTools(grpc::ServerContext* ctx, const pb::ListToolsRequest* req,
-                                      pb::ListToolsResponse* resp) {
+grpc::ServerUnaryReactor* BrokerService::ListTools(grpc::CallbackServerContext* ctx,
+                                                   const pb::ListToolsRequest* req,
+                                                   pb::ListToolsResponse* resp) {
   static const std::string kNone;
-  SB_HANDLE(ListTools, kNone);
+  SB_UNARY(ListTools, kNone, kInline);
 }
-grpc::Status BrokerService::CallTool(grpc::ServerContext* ctx, const pb::CallToolRequest* req,
-                                     pb::CallToolResponse* resp) {
-  SB_HANDLE(CallTool, req->session_id());
+grpc::ServerUnaryReactor* BrokerService::CallTool(grpc::CallbackServerContext* ctx,
+                                                  const pb::CallToolRequest* req,
+                                                  pb::CallToolResponse* resp) {
+  SB_UNARY(CallTool, req->session_id(), kBlocking);
 }
 
-grpc::Status BrokerService::RunStream(grpc::ServerContext* ctx, const pb::RunRequest* req,
-                                      grpc::ServerWriter<pb::RunEvent>* writer) {
-  pb::RunEvent last;
-  return Handle(ctx, "RunStream", req->session_id(), &last, [&](const CallContext& cc) {
-    auto on_chunk = [writer](OutputStream stream, absl::string_view data) {
-      pb::RunEvent ev;
-      ev.mutable_output()->set_stream(stream == OutputStream::kStdout ? pb::OUTPUT_STREAM_STDOUT
-                                                                      : pb::OUTPUT_STREAM_STDERR);
-      ev.mutable_output()->set_data(data.data(), data.size());
-      // A failed write means the client is gone; the run sees the
-      // cancellation and is killed.
-      writer->Write(ev);
-    };
-    absl::StatusOr<pb::RunResult> r = core_->RunStream(cc, *req, on_chunk);
-    if (!r.ok()) return absl::StatusOr<pb::RunEvent>(r.status());
+#undef SB_UNARY
+
+grpc::ServerUnaryReactor* BrokerService::Run(grpc::CallbackServerContext* ctx,
+                                             const pb::RunRequest* req, pb::RunResult* resp) {
+  return UnaryAsync(ctx, "Run", req->session_id(), resp,
+                    [this, req](const CallContext& cc, BrokerCore::RunDone done) {
+                      core_->RunAsync(cc, *req, std::move(done));
+                    });
+}
+
+grpc::ServerUnaryReactor* BrokerService::Shell(grpc::CallbackServerContext* ctx,
+                                               const pb::ShellRequest* req, pb::RunResult* resp) {
+  return UnaryAsync(ctx, "Shell", req->session_id(), resp,
+                    [this, req](const CallContext& cc, BrokerCore::RunDone done) {
+                      core_->ShellAsync(cc, *req, std::move(done));
+                    });
+}
+
+namespace {
+
+// RunStream's writer: output chunks queue here and go out one write at a
+// time. Past kMaxBuffered bytes not yet written (a slow reader) the run's
+// producer is paused (ExecRequest::output_ready) until the queue drains to
+// half. Deletes itself when gRPC is done with the call.
+class RunStreamReactor final : public grpc::ServerWriteReactor<pb::RunEvent> {
+ public:
+  static constexpr size_t kMaxBuffered = 256 * 1024;
+
+  explicit RunStreamReactor(std::function<void(bool)> on_done) : on_done_(std::move(on_done)) {}
+
+  void Chunk(OutputStream stream, absl::string_view data) {
     pb::RunEvent ev;
-    *ev.mutable_result() = std::move(*r);
-    writer->Write(ev);
-    return absl::StatusOr<pb::RunEvent>(std::move(ev));
-  });
-}
+    ev.mutable_output()->set_stream(stream == OutputStream::kStdout ? pb::OUTPUT_STREAM_STDOUT
+                                                                    : pb::OUTPUT_STREAM_STDERR);
+    ev.mutable_output()->set_data(data.data(), data.size());
+    Enqueue(std::move(ev), data.size());
+  }
 
-#undef SB_HANDLE
+  // ExecRequest::output_ready.
+  bool Ready(std::function<void()> resume) {
+    absl::MutexLock l(&mu_);
+    if (buffered_ <= kMaxBuffered || broken_) return true;
+    resume_ = std::move(resume);
+    return false;
+  }
+
+  // The run's end: the result event (when OK), then the status.
+  void Complete(absl::StatusOr<pb::RunResult> r, grpc::Status status) {
+    if (r.ok()) {
+      pb::RunEvent ev;
+      *ev.mutable_result() = std::move(*r);
+      Enqueue(std::move(ev), 0);
+    }
+    bool finish;
+    {
+      absl::MutexLock l(&mu_);
+      final_ = std::move(status);
+      has_final_ = true;
+      finish = ShouldFinishLocked();
+    }
+    if (finish) Finish(final_);
+  }
+
+  // gRPC calls are made with no lock held; writing_ keeps one write out at
+  // a time, and queued events never move (a deque).
+  void OnWriteDone(bool ok) override {
+    std::function<void()> resume;
+    pb::RunEvent* next = nullptr;
+    bool finish = false;
+    {
+      absl::MutexLock l(&mu_);
+      buffered_ -= sizes_.front();
+      sizes_.pop_front();
+      queue_.pop_front();
+      if (!ok) {
+        // The client is gone: drop the rest (the run sees the
+        // cancellation and is killed).
+        broken_ = true;
+        queue_.clear();
+        sizes_.clear();
+        buffered_ = 0;
+      }
+      writing_ = !queue_.empty();
+      if (writing_) {
+        next = &queue_.front();
+      } else {
+        finish = ShouldFinishLocked();
+      }
+      if (resume_ && buffered_ <= kMaxBuffered / 2) resume = std::move(resume_);
+    }
+    if (next) StartWrite(next);
+    if (finish) Finish(final_);
+    if (resume) resume();
+  }
+
+  void OnDone() override {
+    if (on_done_) on_done_(true);
+    delete this;
+  }
+
+ private:
+  void Enqueue(pb::RunEvent ev, size_t bytes) {
+    pb::RunEvent* first = nullptr;
+    {
+      absl::MutexLock l(&mu_);
+      if (broken_) return;
+      queue_.push_back(std::move(ev));
+      sizes_.push_back(bytes);
+      buffered_ += bytes;
+      if (!writing_) {
+        writing_ = true;
+        first = &queue_.front();
+      }
+    }
+    if (first) StartWrite(first);
+  }
+
+  bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (has_final_ && !writing_ && !finished_) {
+      finished_ = true;
+      return true;
+    }
+    return false;
+  }
+
+  std::function<void(bool)> on_done_;
+  absl::Mutex mu_;
+  std::deque<pb::RunEvent> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<size_t> sizes_ ABSL_GUARDED_BY(mu_);
+  size_t buffered_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool has_final_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status final_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> resume_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<pb::RunEvent>* BrokerService::RunStream(grpc::CallbackServerContext* ctx,
+                                                                 const pb::RunRequest* req) {
+  auto* reactor = new RunStreamReactor(nullptr);
+  auto call = std::make_shared<Call>();
+  call->ctx = ctx;
+  call->method = "RunStream";
+  call->session_id = req->session_id();
+  auto fail = [this, call, reactor](absl::Status st) {
+    reactor->Complete(absl::StatusOr<pb::RunResult>(st), End(*call, st));
+  };
+  Begin(
+      call,
+      [this, req, call, reactor](const CallContext& cc) {
+        core_->RunStreamAsync(
+            cc, *req,
+            [reactor](OutputStream stream, absl::string_view data) {
+              reactor->Chunk(stream, data);
+            },
+            [reactor](std::function<void()> resume) { return reactor->Ready(std::move(resume)); },
+            [this, call, reactor](absl::StatusOr<pb::RunResult> r) {
+              grpc::Status st = End(*call, r.status());
+              reactor->Complete(std::move(r), std::move(st));
+            });
+      },
+      fail);
+  return reactor;
+}
 
 }  // namespace sandbox

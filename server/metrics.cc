@@ -80,6 +80,19 @@ Metrics::Metrics()
                       .Name("sandbox_broker_quota_hits_total")
                       .Help("Writes refused by a sandbox quota")
                       .Register(*registry_)),
+      limit_refusals_(prometheus::BuildCounter()
+                          .Name("sandbox_broker_limit_refusals_total")
+                          .Help("Calls refused RESOURCE_EXHAUSTED by a concurrency limit "
+                                "(label: its config key)")
+                          .Register(*registry_)),
+      limit_in_use_(prometheus::BuildGauge()
+                        .Name("sandbox_broker_limit_in_use")
+                        .Help("Slots of a concurrency limit now held")
+                        .Register(*registry_)),
+      limit_queued_(prometheus::BuildGauge()
+                        .Name("sandbox_broker_limit_queued")
+                        .Help("Calls waiting for a slot of a concurrency limit")
+                        .Register(*registry_)),
       degraded_(prometheus::BuildGauge()
                     .Name("sandbox_broker_provider_degraded")
                     .Help("1 while a provider runs in a weaker mode the operator chose "
@@ -157,6 +170,15 @@ void Metrics::OomKilled(const std::string& provider) {
 
 void Metrics::QuotaHit(const std::string& provider, const std::string& what) {
   quota_hits_.Add({{"provider", provider}, {"quota", what}}).Increment();
+}
+
+void Metrics::LimitRefused(const std::string& limit) {
+  limit_refusals_.Add({{"limit", limit}}).Increment();
+}
+
+void Metrics::LimitState(const std::string& limit, int64_t in_use, int64_t queued) {
+  limit_in_use_.Add({{"limit", limit}}).Set(static_cast<double>(in_use));
+  limit_queued_.Add({{"limit", limit}}).Set(static_cast<double>(queued));
 }
 
 void Metrics::RunFinished(const std::string& provider, size_t output_bytes, bool timed_out) {

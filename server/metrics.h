@@ -43,6 +43,10 @@ class Metrics {
   void OomKilled(const std::string& provider);
   // A write refused by a sandbox quota (`what`: "disk").
   void QuotaHit(const std::string& provider, const std::string& what);
+  // Backpressure (README "Limits"): a call refused by `limit` (its config
+  // key), and a limit's current slots in use and calls queued.
+  void LimitRefused(const std::string& limit);
+  void LimitState(const std::string& limit, int64_t in_use, int64_t queued);
 
  private:
   // Cached handles, keyed by their label values joined with '\x1f': the
@@ -67,6 +71,9 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& timeouts_;
   prometheus::Family<prometheus::Counter>& oom_kills_;
   prometheus::Family<prometheus::Counter>& quota_hits_;
+  prometheus::Family<prometheus::Counter>& limit_refusals_;
+  prometheus::Family<prometheus::Gauge>& limit_in_use_;
+  prometheus::Family<prometheus::Gauge>& limit_queued_;
   prometheus::Family<prometheus::Gauge>& degraded_;
 };
 

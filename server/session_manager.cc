@@ -346,6 +346,38 @@ absl::StatusOr<Lease> SessionManager::Acquire(const std::string& tenant,
   }
 }
 
+absl::StatusOr<Lease> SessionManager::TryAcquire(const std::string& tenant,
+                                                 const std::string& session_id,
+                                                 const CreateOptions* create, bool* would_block) {
+  *would_block = false;
+  absl::MutexLock l(&mu_);
+  auto t = tenants_.find(tenant);
+  std::shared_ptr<Session> s;
+  if (t != tenants_.end()) {
+    auto it = t->second.find(session_id);
+    if (it != t->second.end()) s = it->second;
+  }
+  if (s == nullptr && create == nullptr) {
+    return absl::NotFoundError(absl::StrCat("session \"", session_id, "\" not found"));
+  }
+  if (s == nullptr || s->state != SessionStateKind::kReady || s->adopt_pending) {
+    *would_block = true;
+    return absl::UnavailableError("the session needs a provider call first");
+  }
+  if (create != nullptr && !create->provider.empty() && create->provider != s->provider) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session \"", session_id, "\" runs on provider \"", s->provider, "\", not \"",
+        create->provider, "\"; close it first or use another session id"));
+  }
+  if (create != nullptr && !create->template_name.empty() &&
+      create->template_name != s->template_name) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session \"", session_id, "\" was created with template \"",
+                     s->template_name, "\", not \"", create->template_name, "\""));
+  }
+  return MakeLeaseLocked(s);
+}
+
 absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Session>& s,
                                                      Provider* provider, const CreateOptions& o) {
   SandboxSpec spec;
@@ -364,8 +396,19 @@ absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Sessi
   // Write-ahead: the intent is durable before the provider creates anything.
   absl::Status status =
       store_ ? store_->PutSession(RecordOf(*s, StoredState::kCreating)) : absl::OkStatus();
+  // max_concurrent_creates: wait (bounded) for a create slot.
+  LimitSlot create_slot;
+  if (status.ok()) {
+    auto lim = create_limiters_.find(s->provider);
+    if (lim != create_limiters_.end()) {
+      status = lim->second->AcquireBlocking();
+      if (status.ok()) create_slot = LimitSlot(lim->second);
+      if (!status.ok() && metrics_) metrics_->LimitRefused(lim->second->name());
+    }
+  }
   absl::StatusOr<std::unique_ptr<Sandbox>> created =
       status.ok() ? provider->Create(spec) : absl::StatusOr<std::unique_ptr<Sandbox>>(status);
+  create_slot.Release();
   status = created.status();
   std::shared_ptr<Sandbox> sandbox;
   if (created.ok()) {

@@ -16,6 +16,7 @@
 #include "adapters/api/provider.h"
 #include "adapters/api/registry.h"
 #include "common/clock.h"
+#include "common/limiter.h"
 #include "server/metrics.h"
 #include "server/session_store.h"
 
@@ -175,6 +176,19 @@ class SessionManager {
   absl::StatusOr<Lease> Acquire(const std::string& tenant, const std::string& session_id,
                                 const CreateOptions* create);
 
+  // Acquire without waiting: a lease when the session is ready and needs no
+  // provider call (no create, no attach, no creation to wait for); else
+  // sets *would_block and returns UNAVAILABLE, and the caller goes to
+  // Acquire on a thread that may block. Other errors as Acquire.
+  absl::StatusOr<Lease> TryAcquire(const std::string& tenant, const std::string& session_id,
+                                   const CreateOptions* create, bool* would_block);
+
+  // Per provider: at most `limit` creates (Provider::Create) at once; more
+  // wait in the limiter's queue. Set before serving. Not owned.
+  void SetCreateLimiter(const std::string& provider, Limiter* limiter) {
+    create_limiters_[provider] = limiter;
+  }
+
   // Closes the session: waits (bounded) for in-flight calls, destroys the
   // sandbox exactly once. Returns whether the session existed. Idempotent.
   absl::StatusOr<bool> Close(const std::string& tenant, const std::string& session_id,
@@ -248,6 +262,7 @@ class SessionManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   SessionStore* const store_;
   const std::string deployment_id_;
+  std::map<std::string, Limiter*> create_limiters_;  // by provider
   bool detach_on_shutdown_ = false;
 
   mutable absl::Mutex mu_;

@@ -108,6 +108,12 @@ struct ExecRequest {
   std::function<void(OutputStream, absl::string_view)> on_output;
   // Optional: polled while the process runs; true kills it (the whole tree).
   std::function<bool()> cancelled;
+  // Optional flow control for on_output (a slow stream reader): asked after
+  // each chunk; false = the consumer's buffer is full, and a provider that
+  // supports it stops reading the program's output (the program blocks on
+  // its full pipe) until `resume` is called, from any thread. Without
+  // support, the consumer still gets at most max_output_bytes.
+  std::function<bool(std::function<void()> resume)> output_ready;
   // Optional: run exactly this command (argv[0] looked up on PATH) instead of
   // `code` in `language`. For providers that expose a process API.
   std::vector<std::string> argv;

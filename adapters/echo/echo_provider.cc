@@ -6,7 +6,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "adapters/api/output.h"
+#include "absl/time/clock.h"
 #include "common/config_reader.h"
+#include "common/event_loop.h"
 #include "common/status_macros.h"
 
 namespace sandbox {
@@ -16,10 +18,26 @@ std::atomic<uint64_t> next_id{0};
 
 class EchoSandbox final : public Sandbox {
  public:
-  EchoSandbox() : id_(absl::StrCat("echo-", ++next_id)) {}
+  explicit EchoSandbox(int64_t hold_ms)
+      : id_(absl::StrCat("echo-", ++next_id)), hold_(absl::Milliseconds(hold_ms)) {}
   const std::string& id() const override { return id_; }
 
   absl::StatusOr<ExecResult> Exec(const ExecRequest& r) override {
+    if (hold_ > absl::ZeroDuration()) absl::SleepFor(hold_);
+    return Echo(r);
+  }
+
+  void ExecAsync(ExecRequest r, ExecDone done) override {
+    if (hold_ <= absl::ZeroDuration()) {
+      done(Echo(r));
+      return;
+    }
+    EventLoop::Shared()->After(hold_, [r = std::move(r), done = std::move(done)] {
+      done(Echo(r));
+    });
+  }
+
+  static absl::StatusOr<ExecResult> Echo(const ExecRequest& r) {
     OutputCollector out(r.max_output_bytes, r.on_output);
     out.Append(OutputStream::kStdout, r.code);
     ExecResult result;
@@ -42,6 +60,7 @@ class EchoSandbox final : public Sandbox {
 
  private:
   const std::string id_;
+  const absl::Duration hold_;
   absl::Mutex mu_;
   std::map<std::string, std::string> files_ ABSL_GUARDED_BY(mu_);
 };
@@ -50,12 +69,13 @@ class EchoSandbox final : public Sandbox {
 
 absl::StatusOr<std::unique_ptr<EchoProvider>> EchoProvider::Create(const nlohmann::json& config) {
   ConfigReader r(config, "providers.echo");
+  const int64_t hold_ms = r.Int("hold_ms", 0, 0, 3600000);
   RETURN_IF_ERROR(r.Finish());
-  return std::make_unique<EchoProvider>();
+  return std::make_unique<EchoProvider>(hold_ms);
 }
 
 absl::StatusOr<std::unique_ptr<Sandbox>> EchoProvider::Create(const SandboxSpec&) {
-  return std::unique_ptr<Sandbox>(new EchoSandbox());
+  return std::unique_ptr<Sandbox>(new EchoSandbox(hold_ms_));
 }
 
 }  // namespace sandbox

@@ -6,6 +6,7 @@
 #include <grp.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -38,6 +39,7 @@
 #include "common/child_reaper.h"
 #include "common/clock.h"
 #include "common/config_reader.h"
+#include "common/event_loop.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "common/text.h"
@@ -296,7 +298,29 @@ class LocalSandbox final : public Sandbox {
     return u;
   }
 
+  // One run between BeginRun and EndRun: its cgroup and the fds it is
+  // collected from.
+  struct RunStart {
+    std::string run_cg;
+    int64_t oom_before = 0;
+    int run_sock = -1;
+    std::vector<int> readers;  // stdout (+ stderr when split)
+  };
+
   absl::StatusOr<ExecResult> Exec(const ExecRequest& request) override {
+    ASSIGN_OR_RETURN(RunStart st, BeginRun(request));
+    absl::StatusOr<ExecResult> r = WaitRun(st, request);
+    EndRun(st, &r);
+    return r;
+  }
+
+  // The run waits on the shared event loop: its pipes, init's reply on the
+  // run socket and its deadline are watches and timers, no thread.
+  void ExecAsync(ExecRequest request, ExecDone done) override;
+
+  // Sends the run to init; on success the run counts in running_ until
+  // EndRun.
+  absl::StatusOr<RunStart> BeginRun(const ExecRequest& request) {
     const LocalConfig& cfg = provider_->config();
     std::vector<std::string> cmd;
     std::string stdin_data, fd3_data;
@@ -362,32 +386,61 @@ class LocalSandbox final : public Sandbox {
         run_cg = absl::StrCat("run-", ++run_seq_);
       }
     }
-    absl::Cleanup done = [this] {
+    RunStart st;
+    st.run_cg = run_cg;
+    absl::Cleanup undo = [this] {
       absl::MutexLock l(&mu_);
       --running_;
     };
     std::vector<int> cg_fds;
-    int64_t oom_before = 0;
     if (cg_) {
       ASSIGN_OR_RETURN(cg_fds, cg_->CreateChild(p_.id, run_cg));
-      oom_before = cg_->OomKills(p_.id, run_cg);
+      st.oom_before = cg_->OomKills(p_.id, run_cg);
     }
     field(absl::StrCat(cg_fds.size()));
     field(has_fd3 ? "1" : "0");
     field(absl::StrCat(cfg.open_files));
 
-    absl::StatusOr<ExecResult> r =
-        RunInContainer(msg, stdin_data, has_fd3 ? &fd3_data : nullptr, cg_fds, run_cg, request);
+    absl::Status sent = SendRun(msg, stdin_data, has_fd3 ? &fd3_data : nullptr, cg_fds,
+                                static_cast<bool>(request.on_output), &st);
     for (int fd : cg_fds) close(fd);
+    if (!sent.ok()) return sent;
+    std::move(undo).Cancel();
+    return st;
+  }
+
+  // After the run's main process exited (or the run failed): its OOM kills,
+  // its cgroup back to the idle list when empty, running_ down.
+  void EndRun(RunStart& st, absl::StatusOr<ExecResult>* r) {
     if (cg_) {
-      if (r.ok() && cg_->OomKills(p_.id, run_cg) > oom_before) r->oom_killed = true;
+      if (r->ok() && cg_->OomKills(p_.id, st.run_cg) > st.oom_before) (*r)->oom_killed = true;
       // Groups still holding background processes stay until Destroy.
-      if (cg_->Empty(p_.id, run_cg)) {
+      if (cg_->Empty(p_.id, st.run_cg)) {
         absl::MutexLock l(&mu_);
-        idle_run_cgroups_.push_back(run_cg);
+        idle_run_cgroups_.push_back(st.run_cg);
       }
     }
-    return r;
+    absl::MutexLock l(&mu_);
+    --running_;
+  }
+
+  // A run that ended without init's exit report: the sandbox is gone,
+  // unless it was closed while the run ran (then the run was killed).
+  absl::StatusOr<ExecResult> GoneOrKilled(OutputCollector& collector, bool timed_out,
+                                          bool cancelled) {
+    bool closed;
+    {
+      absl::MutexLock l(&mu_);
+      closed = destroyed_;
+    }
+    if (!closed) return SandboxGoneError("local: the sandbox's container is gone");
+    return FinishResult(collector, SIGKILL, timed_out, cancelled);
+  }
+
+  // Kills a run: tells init, and kills its cgroup.
+  void KillRun(int run_sock, const std::string& run_cg) {
+    (void)!send(run_sock, "K", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (cg_) cg_->Kill(p_.id, run_cg);
   }
 
   absl::Status WriteFile(absl::string_view path, absl::string_view data) override {
@@ -466,10 +519,9 @@ class LocalSandbox final : public Sandbox {
   // Sends one run to init and collects its output until its main process
   // exits. Background processes it leaves keep their pipes (drained
   // elsewhere) and never hold the run up.
-  absl::StatusOr<ExecResult> RunInContainer(const std::string& msg, const std::string& stdin_data,
-                                            const std::string* fd3_data,
-                                            const std::vector<int>& cg_fds,
-                                            const std::string& run_cg, const ExecRequest& request) {
+  absl::Status SendRun(const std::string& msg, const std::string& stdin_data,
+                       const std::string* fd3_data, const std::vector<int>& cg_fds, bool split,
+                       RunStart* st) {
     std::vector<int> to_close;
     absl::Cleanup close_all = [&to_close] {
       for (int fd : to_close) close(fd);
@@ -495,7 +547,6 @@ class LocalSandbox final : public Sandbox {
     }
     // Without a per-stream consumer, stdout and stderr share one pipe: the
     // output is then in exact write order. Streaming needs them apart.
-    const bool split = static_cast<bool>(request.on_output);
     int out[2], err[2] = {-1, -1};
     if (pipe2(out, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
     to_close.push_back(out[1]);
@@ -532,7 +583,19 @@ class LocalSandbox final : public Sandbox {
       }
     }
     std::move(close_all).Invoke();
+    std::move(close_run).Cancel();
+    st->run_sock = run_sock;
+    st->readers = std::move(readers);
+    return absl::OkStatus();
+  }
 
+  // Collects a sent run's output until its main process exits, on the
+  // calling thread. Closes the run socket.
+  absl::StatusOr<ExecResult> WaitRun(RunStart& st, const ExecRequest& request) {
+    const int run_sock = st.run_sock;
+    absl::Cleanup close_run = [run_sock] { close(run_sock); };
+    std::vector<int>& readers = st.readers;
+    const std::string& run_cg = st.run_cg;
     Clock* clock = Clock::Real();  // a child process runs in real time
     const absl::Time deadline = clock->Monotonic() + request.timeout;
     OutputCollector collector(request.max_output_bytes, request.on_output);
@@ -543,8 +606,7 @@ class LocalSandbox final : public Sandbox {
     auto kill_run = [&] {
       if (killed) return;
       killed = true;
-      (void)!send(run_sock, "K", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (cg_) cg_->Kill(p_.id, run_cg);
+      KillRun(run_sock, run_cg);
       kill_deadline = clock->Monotonic() + absl::Seconds(10);
     };
     auto read_some = [&](size_t i, bool* eof) {
@@ -625,14 +687,7 @@ class LocalSandbox final : public Sandbox {
     }
     if (!leftover.empty()) DrainInBackground(std::move(leftover));
     if (gone && !exited && !timed_out && !cancelled) {
-      bool closed;
-      {
-        absl::MutexLock l(&mu_);
-        closed = destroyed_;
-      }
-      // Closed while running: the run was killed with its sandbox.
-      if (!closed) return SandboxGoneError("local: the sandbox's container is gone");
-      status = SIGKILL;
+      return GoneOrKilled(collector, timed_out, cancelled);
     }
     return FinishResult(collector, status, timed_out, cancelled);
   }
@@ -689,6 +744,192 @@ class LocalSandbox final : public Sandbox {
   int run_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> idle_run_cgroups_ ABSL_GUARDED_BY(mu_);
 };
+
+// Leftover pipes of a finished run (background processes still hold their
+// write ends): read and dropped on the loop until EOF, then closed.
+void DrainOnLoop(EventLoop* loop, const std::vector<int>& fds) {
+  for (int fd : fds) {
+    bool ok = loop->Watch(fd, EPOLLIN, [loop, fd](uint32_t) {
+      char buf[16384];
+      ssize_t r = read(fd, buf, sizeof(buf));
+      if (r > 0 || (r < 0 && (errno == EINTR || errno == EAGAIN))) return;
+      loop->Unwatch(fd);
+      close(fd);
+    });
+    if (!ok) close(fd);
+  }
+}
+
+// One local run waiting on the event loop. After Arm, every member is
+// touched on the loop's thread only; the watches' callbacks keep it alive
+// until Finish removes them.
+struct LocalAsyncRun : std::enable_shared_from_this<LocalAsyncRun> {
+  LocalAsyncRun(LocalSandbox* sandbox, EventLoop* event_loop, ExecRequest r, Sandbox::ExecDone d,
+                LocalSandbox::RunStart start)
+      : sb(sandbox),
+        loop(event_loop),
+        req(std::move(r)),
+        done(std::move(d)),
+        st(std::move(start)),
+        collector(req.max_output_bytes, req.on_output),
+        eof(st.readers.size(), false) {}
+
+  void Arm() {
+    auto self = shared_from_this();
+    for (size_t i = 0; i < st.readers.size(); ++i) {
+      const int fd = st.readers[i];
+      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+      if (!loop->Watch(fd, EPOLLIN, [self, i](uint32_t) { self->OnReadable(i); })) {
+        eof[i] = true;  // cannot happen for a pipe; then it is not read
+      }
+    }
+    loop->Watch(st.run_sock, EPOLLIN, [self](uint32_t) { self->OnSocket(); });
+    deadline = loop->After(req.timeout, [self] {
+      if (self->finished || self->killed) return;
+      self->timed_out = true;
+      self->Kill();
+    });
+    if (req.cancelled) ScheduleCancelPoll();
+  }
+
+  void ScheduleCancelPoll() {
+    auto self = shared_from_this();
+    cancel_poll = loop->After(absl::Milliseconds(50), [self] {
+      if (self->finished || self->killed) return;
+      if (self->req.cancelled()) {
+        self->cancelled = true;
+        self->Kill();
+        return;
+      }
+      self->ScheduleCancelPoll();
+    });
+  }
+
+  void Kill() {
+    killed = true;
+    sb->KillRun(st.run_sock, st.run_cg);
+    auto self = shared_from_this();
+    // Not gone within 10 s of the kill: give up on init's report.
+    kill_deadline = loop->After(absl::Seconds(10), [self] { self->Finish(true); });
+  }
+
+  void OnReadable(size_t i) {
+    if (finished || paused) return;
+    char buf[64 * 1024];
+    ssize_t r = read(st.readers[i], buf, sizeof(buf));
+    if (r > 0) {
+      collector.Append(i == 0 ? OutputStream::kStdout : OutputStream::kStderr,
+                       absl::string_view(buf, static_cast<size_t>(r)));
+      if (req.output_ready) {
+        std::weak_ptr<LocalAsyncRun> weak = shared_from_this();
+        EventLoop* l = loop;
+        bool ready = req.output_ready([weak, l] {
+          l->Post([weak] {
+            if (auto self = weak.lock()) self->Resume();
+          });
+        });
+        if (!ready) Pause();
+      }
+      return;
+    }
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) return;
+    eof[i] = true;
+    loop->Unwatch(st.readers[i]);
+  }
+
+  // A slow consumer: the program's pipes fill and it blocks on write.
+  void Pause() {
+    paused = true;
+    for (size_t i = 0; i < st.readers.size(); ++i) {
+      if (!eof[i]) loop->Modify(st.readers[i], 0);
+    }
+  }
+  void Resume() {
+    if (finished || !paused) return;
+    paused = false;
+    for (size_t i = 0; i < st.readers.size(); ++i) {
+      if (!eof[i]) loop->Modify(st.readers[i], EPOLLIN);
+    }
+  }
+
+  void OnSocket() {
+    if (finished) return;
+    char reply[64];
+    ssize_t n = recv(st.run_sock, reply, sizeof(reply) - 1, MSG_DONTWAIT);
+    if (n > 2 && reply[0] == 'X') {
+      reply[n] = 0;
+      status = atoi(reply + 2);
+      exited = true;
+      Finish(false);
+    } else if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+      Finish(true);
+    }
+  }
+
+  void Finish(bool gone) {
+    if (finished) return;
+    finished = true;
+    loop->Cancel(deadline);
+    loop->Cancel(kill_deadline);
+    loop->Cancel(cancel_poll);
+    loop->Unwatch(st.run_sock);
+    close(st.run_sock);
+    // What the main process wrote is in the pipes now: take it without
+    // waiting for EOF, which background processes may hold off forever.
+    std::vector<int> leftover;
+    char buf[64 * 1024];
+    for (size_t i = 0; i < st.readers.size(); ++i) {
+      const int fd = st.readers[i];
+      if (!eof[i]) {
+        loop->Unwatch(fd);
+        for (;;) {
+          ssize_t r = read(fd, buf, sizeof(buf));
+          if (r > 0) {
+            collector.Append(i == 0 ? OutputStream::kStdout : OutputStream::kStderr,
+                             absl::string_view(buf, static_cast<size_t>(r)));
+            continue;
+          }
+          if (r < 0 && errno == EINTR) continue;
+          if (r < 0 && errno == EAGAIN) leftover.push_back(fd);
+          break;
+        }
+        if (!leftover.empty() && leftover.back() == fd) continue;
+      }
+      close(fd);
+    }
+    DrainOnLoop(loop, leftover);
+    absl::StatusOr<ExecResult> r =
+        gone && !exited && !timed_out && !cancelled
+            ? sb->GoneOrKilled(collector, timed_out, cancelled)
+            : absl::StatusOr<ExecResult>(FinishResult(collector, status, timed_out, cancelled));
+    sb->EndRun(st, &r);
+    Sandbox::ExecDone d = std::move(done);
+    d(std::move(r));
+  }
+
+  LocalSandbox* const sb;
+  EventLoop* const loop;
+  ExecRequest req;
+  Sandbox::ExecDone done;
+  LocalSandbox::RunStart st;
+  OutputCollector collector;
+  std::vector<bool> eof;
+  bool exited = false, killed = false, timed_out = false, cancelled = false;
+  bool finished = false, paused = false;
+  int status = 0;
+  EventLoop::TimerId deadline = 0, kill_deadline = 0, cancel_poll = 0;
+};
+
+void LocalSandbox::ExecAsync(ExecRequest request, ExecDone done) {
+  absl::StatusOr<RunStart> st = BeginRun(request);
+  if (!st.ok()) {
+    done(st.status());
+    return;
+  }
+  auto run = std::make_shared<LocalAsyncRun>(this, EventLoop::Shared(), std::move(request),
+                                             std::move(done), std::move(*st));
+  run->loop->Post([run] { run->Arm(); });
+}
 
 LocalLimits ReadLimits(ConfigReader& parent, const std::string& key, const LocalLimits& def) {
   ConfigReader r(parent.Object(key), parent.KeyPath(key));

@@ -1,0 +1,326 @@
+// Thousands of calls in flight (README "Concurrency and limits"): calls that
+// wait hold no thread, and the limits queue, then refuse naming themselves.
+
+#include <dirent.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "common/event_loop.h"
+#include "common/limiter.h"
+#include "tests/fakes/fake_e2b.h"
+#include "tests/testing/broker_fixture.h"
+
+namespace sandbox {
+namespace {
+
+int ThreadCount() {
+  int n = 0;
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) return -1;
+  while (struct dirent* e = readdir(d)) n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+// Waits (polling a condition, not a duration) until `done` or 60 s.
+template <typename Fn>
+bool WaitFor(Fn done) {
+  for (int i = 0; i < 60000; ++i) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return done();
+}
+
+// Calls fired with the callback client API (no client thread per call).
+class Calls {
+ public:
+  explicit Calls(pb::SandboxBroker::Stub* stub) : stub_(stub) {}
+  ~Calls() { Wait(); }
+
+  // Starts a Run; returns its index.
+  int Run(const std::string& session, const std::string& code,
+          const std::string& token = "token-alpha-123") {
+    auto c = std::make_shared<Call>();
+    c->ctx.AddMetadata("authorization", "Bearer " + token);
+    c->req.set_session_id(session);
+    c->req.set_code(code);
+    int index;
+    {
+      absl::MutexLock l(&mu_);
+      index = static_cast<int>(calls_.size());
+      calls_.push_back(c);
+      ++pending_;
+    }
+    stub_->async()->Run(&c->ctx, &c->req, &c->resp, [this, c](grpc::Status s) {
+      absl::MutexLock l(&mu_);
+      c->status = s;
+      c->order = order_++;
+      --pending_;
+    });
+    return index;
+  }
+
+  void Wait() {
+    absl::MutexLock l(&mu_);
+    auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ == 0; };
+    mu_.Await(absl::Condition(&none));
+  }
+  grpc::Status status(int i) {
+    absl::MutexLock l(&mu_);
+    return calls_[i]->status;
+  }
+  int order(int i) {
+    absl::MutexLock l(&mu_);
+    return calls_[i]->order;
+  }
+  bool finished(int i) {
+    absl::MutexLock l(&mu_);
+    return calls_[i]->order >= 0;
+  }
+  std::string output(int i) {
+    absl::MutexLock l(&mu_);
+    return calls_[i]->resp.output();
+  }
+
+ private:
+  struct Call {
+    grpc::ClientContext ctx;
+    pb::RunRequest req;
+    pb::RunResult resp;
+    grpc::Status status;
+    int order = -1;
+  };
+  pb::SandboxBroker::Stub* const stub_;
+  absl::Mutex mu_;
+  std::vector<std::shared_ptr<Call>> calls_ ABSL_GUARDED_BY(mu_);
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  int order_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+class ConcurrencyTest : public BrokerFixture {};
+
+TEST_F(ConcurrencyTest, HeldCallsHoldNoThreads) {
+  StartBroker(R"({"default_provider": "echo", "providers": {"echo": {"hold_ms": 3000}}})");
+  {
+    Calls warm(stub_.get());
+    warm.Run("held", "warm");  // the session exists; gRPC's threads are up
+  }
+  const int before = ThreadCount();
+  constexpr int kCalls = 1000;
+  Calls calls(stub_.get());
+  for (int i = 0; i < kCalls; ++i) calls.Run("held", absl::StrCat("call ", i));
+  ASSERT_TRUE(WaitFor([&] { return server_->service()->calls_in_flight() == kCalls; }))
+      << server_->service()->calls_in_flight();
+  const int during = ThreadCount();
+  calls.Wait();
+  for (int i = 0; i < kCalls; ++i) {
+    ASSERT_TRUE(calls.status(i).ok()) << i << ": " << calls.status(i).error_message();
+    EXPECT_EQ(calls.output(i), absl::StrCat("call ", i));
+  }
+  // gRPC may add a few threads of its own; a thread per call would be 1000.
+  EXPECT_LT(during - before, 24) << before << " -> " << during;
+}
+
+TEST_F(ConcurrencyTest, PastMaxCallsInFlightACallQueuesThenFailsNamingTheLimit) {
+  StartBroker(R"({"default_provider": "echo", "providers": {"echo": {"hold_ms": 2000}},
+      "limits": {"max_calls_in_flight": 2, "max_queued_calls": 1, "queue_timeout_ms": 200}})");
+  Limiter* limit = server_->service()->call_limiter();
+  Calls calls(stub_.get());
+  const int a = calls.Run("q", "a");
+  const int b = calls.Run("q", "b");
+  ASSERT_TRUE(WaitFor([&] { return limit->stats().in_use == 2; }));
+  const int queued = calls.Run("q", "c");
+  ASSERT_TRUE(WaitFor([&] { return limit->stats().queued == 1; }));
+  const int refused = calls.Run("q", "d");
+  ASSERT_TRUE(WaitFor([&] { return calls.finished(refused); }));
+  EXPECT_EQ(calls.status(refused).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(calls.status(refused).error_message(),
+            "max_calls_in_flight (2) reached and 1 calls are already queued; retry later");
+  ASSERT_TRUE(WaitFor([&] { return calls.finished(queued); }));
+  EXPECT_EQ(calls.status(queued).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(calls.status(queued).error_message(),
+            "max_calls_in_flight (2) reached; waited 200 ms (queue_timeout_ms) for a slot; "
+            "retry later");
+  calls.Wait();
+  EXPECT_TRUE(calls.status(a).ok()) << calls.status(a).error_message();
+  EXPECT_TRUE(calls.status(b).ok()) << calls.status(b).error_message();
+  EXPECT_EQ(limit->stats().refused, 2);
+  EXPECT_EQ(limit->stats().in_use, 0);
+}
+
+TEST_F(ConcurrencyTest, OneTenantAtItsRunLimitDoesNotDelayAnother) {
+  StartBroker(R"({"default_provider": "echo", "providers": {"echo": {"hold_ms": 1000}},
+      "limits": {"max_concurrent_runs_per_tenant": 1, "queue_timeout_ms": 30000}})");
+  Calls calls(stub_.get());
+  const int alpha1 = calls.Run("a", "1");
+  ASSERT_TRUE(WaitFor([&] { return server_->service()->calls_in_flight() == 1; }));
+  const int alpha2 = calls.Run("a", "2");  // waits for alpha1's slot
+  const int beta = calls.Run("b", "3", "token-beta-456");
+  calls.Wait();
+  for (int i : {alpha1, alpha2, beta}) EXPECT_TRUE(calls.status(i).ok()) << i;
+  // beta ran beside alpha1; alpha2 only after it.
+  EXPECT_LT(calls.order(beta), calls.order(alpha2));
+  EXPECT_LT(calls.order(alpha1), calls.order(alpha2));
+}
+
+TEST_F(ConcurrencyTest, RunsPastTheTenantLimitFailNamingIt) {
+  StartBroker(R"({"default_provider": "echo", "providers": {"echo": {"hold_ms": 2000}},
+      "limits": {"max_concurrent_runs_per_tenant": 1, "queue_timeout_ms": 100}})");
+  Calls calls(stub_.get());
+  const int first = calls.Run("t", "1");
+  ASSERT_TRUE(WaitFor([&] { return server_->service()->calls_in_flight() == 1; }));
+  const int second = calls.Run("t", "2");
+  ASSERT_TRUE(WaitFor([&] { return calls.finished(second); }));
+  EXPECT_EQ(calls.status(second).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(calls.status(second).error_message(),
+            "max_concurrent_runs_per_tenant (1) reached; waited 100 ms (queue_timeout_ms) for a "
+            "slot; retry later");
+  calls.Wait();
+  EXPECT_TRUE(calls.status(first).ok());
+}
+
+TEST_F(ConcurrencyTest, LocalRunsWaitOnTheEventLoop) {
+  StartBroker(R"({"max_sessions_per_tenant": 50})");
+  constexpr int kSessions = 12;
+  for (int i = 0; i < kSessions; ++i) {
+    ASSERT_TRUE(Client(absl::StrCat("l", i))->Start().ok());
+  }
+  const int before = ThreadCount();
+  Calls calls(stub_.get());
+  for (int i = 0; i < kSessions; ++i) {
+    calls.Run(absl::StrCat("l", i), "import time; time.sleep(1); print('slept')");
+  }
+  ASSERT_TRUE(WaitFor([&] { return server_->service()->calls_in_flight() == kSessions; }));
+  const int during = ThreadCount();
+  calls.Wait();
+  for (int i = 0; i < kSessions; ++i) {
+    ASSERT_TRUE(calls.status(i).ok()) << calls.status(i).error_message();
+    EXPECT_EQ(calls.output(i), "slept\n");
+  }
+  EXPECT_LT(during - before, kSessions) << before << " -> " << during;
+}
+
+TEST_F(ConcurrencyTest, CreatesPastMaxConcurrentCreatesFailNamingIt) {
+  FakeE2B::Options o;
+  o.api_key = "e2b_test_key";
+  o.ttl_thread = false;
+  auto fake = FakeE2B::Start(o);
+  ASSERT_TRUE(fake.ok()) << fake.status();
+  (*fake)->faults().create_latency_ms = 1500;
+  nlohmann::json extra = {
+      {"default_provider", "e2b"},
+      {"limits", {{"queue_timeout_ms", 100}}},
+      {"providers",
+       {{"e2b",
+         {{"api_key", "e2b_test_key"},
+          {"api_url", (*fake)->url()},
+          {"sandbox_url", (*fake)->url()},
+          {"max_concurrent_creates", 1}}}}}};
+  StartBroker(extra.dump());
+  Calls calls(stub_.get());
+  const int first = calls.Run("c1", "print(1)");
+  ASSERT_TRUE(WaitFor([&] { return (*fake)->faults().creates.load() == 1; }));
+  const int second = calls.Run("c2", "print(2)");
+  ASSERT_TRUE(WaitFor([&] { return calls.finished(second); }));
+  EXPECT_EQ(calls.status(second).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(calls.status(second).error_message(),
+            "providers.e2b.max_concurrent_creates (1) reached; waited 100 ms (queue_timeout_ms) "
+            "for a slot; retry later");
+  calls.Wait();
+  EXPECT_TRUE(calls.status(first).ok()) << calls.status(first).error_message();
+  EXPECT_EQ((*fake)->faults().creates.load(), 1);
+  server_.reset();  // before the fake
+}
+
+TEST(LimiterTest, GrantsInOrderAndHoldsNoThreadWhileQueued) {
+  EventLoop loop;
+  Limiter l("max_x", 1, 10, absl::Seconds(60), &loop);
+  std::vector<int> granted;
+  absl::Mutex mu;
+  for (int i = 0; i < 4; ++i) {
+    l.Acquire([&, i](absl::Status s) {
+      ASSERT_TRUE(s.ok());
+      absl::MutexLock m(&mu);
+      granted.push_back(i);
+    });
+  }
+  EXPECT_EQ(l.stats().in_use, 1);
+  EXPECT_EQ(l.stats().queued, 3);
+  for (int i = 0; i < 4; ++i) l.Release();
+  absl::MutexLock m(&mu);
+  EXPECT_EQ(granted, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(l.stats().in_use, 0);
+}
+
+TEST(LimiterTest, ZeroIsUnlimitedAndAFullQueueRefusesAtOnce) {
+  EventLoop loop;
+  Limiter unlimited("max_y", 0, 0, absl::Seconds(1), &loop);
+  for (int i = 0; i < 1000; ++i) EXPECT_TRUE(unlimited.AcquireBlocking().ok());
+  Limiter l("max_z", 1, 0, absl::Seconds(1), &loop);
+  EXPECT_TRUE(l.AcquireBlocking().ok());
+  absl::Status s = l.AcquireBlocking();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message(), "max_z (1) reached and 0 calls are already queued; retry later");
+  l.Release();
+  EXPECT_TRUE(l.AcquireBlocking().ok());
+}
+
+TEST(EventLoopTest, TimersRunInDueOrderAndCancelledOnesNever) {
+  EventLoop loop;
+  absl::Mutex mu;
+  std::vector<int> ran;
+  absl::Notification last;
+  loop.After(absl::Milliseconds(30), [&] {
+    absl::MutexLock l(&mu);
+    ran.push_back(3);
+    last.Notify();
+  });
+  auto cancelled = loop.After(absl::Milliseconds(10), [&] {
+    absl::MutexLock l(&mu);
+    ran.push_back(99);
+  });
+  loop.After(absl::Milliseconds(20), [&] {
+    absl::MutexLock l(&mu);
+    ran.push_back(2);
+  });
+  loop.Post([&] {
+    absl::MutexLock l(&mu);
+    ran.push_back(1);
+  });
+  EXPECT_TRUE(loop.Cancel(cancelled));
+  last.WaitForNotification();
+  absl::MutexLock l(&mu);
+  EXPECT_EQ(ran, (std::vector<int>{1, 2, 3}));
+}
+
+TEST(EventLoopTest, WatchesAPipeUntilUnwatched) {
+  EventLoop loop;
+  int p[2];
+  ASSERT_EQ(pipe(p), 0);
+  absl::Notification got;
+  std::string data;
+  ASSERT_TRUE(loop.Watch(p[0], EPOLLIN, [&](uint32_t) {
+    char buf[16];
+    ssize_t n = read(p[0], buf, sizeof(buf));
+    if (n > 0) data.append(buf, n);
+    if (data == "hello") {
+      loop.Unwatch(p[0]);
+      got.Notify();
+    }
+  }));
+  ASSERT_EQ(write(p[1], "hel", 3), 3);
+  ASSERT_EQ(write(p[1], "lo", 2), 2);
+  got.WaitForNotification();
+  EXPECT_EQ(data, "hello");
+  EXPECT_EQ(loop.pending(), 0u);
+  close(p[0]);
+  close(p[1]);
+}
+
+}  // namespace
+}  // namespace sandbox
