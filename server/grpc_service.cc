@@ -3,6 +3,8 @@
 #include <deque>
 
 #include "common/log.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+#include "grpcpp/support/proto_buffer_writer.h"
 #include "common/text.h"
 
 namespace sandbox {
@@ -24,7 +26,55 @@ BrokerService::BrokerService(BrokerCore* core, const Authenticator* auth, Clock*
       clock_(clock),
       metrics_(metrics),
       calls_("max_calls_in_flight", limits.max_calls_in_flight, limits.max_queued_calls,
-             absl::Milliseconds(limits.queue_timeout_ms)) {}
+             absl::Milliseconds(limits.queue_timeout_ms)) {
+  // The method indices are the proto's order (broker.proto).
+  using M = Mode;
+  auto blocking = [this](auto call) {
+    return [this, call](const CallContext& cc, auto req, auto done) {
+      core_->blocking_pool()->Submit([this, call, cc, req, done] { done((core_->*call)(cc, *req)); });
+    };
+  };
+  auto inline_ = [this](auto call) {
+    return [this, call](const CallContext& cc, auto req, auto done) {
+      done((core_->*call)(cc, *req));
+    };
+  };
+  (void)sizeof(M);
+  RegisterUnary<pb::StartSessionRequest, pb::SessionInfo>(0, "StartSession",
+                                                          blocking(&BrokerCore::StartSession));
+  RegisterUnary<pb::CloseSessionRequest, pb::CloseSessionResponse>(
+      1, "CloseSession", blocking(&BrokerCore::CloseSession));
+  RegisterUnary<pb::GetSessionRequest, pb::SessionInfo>(2, "GetSession",
+                                                        inline_(&BrokerCore::GetSession));
+  RegisterUnary<pb::ListSessionsRequest, pb::ListSessionsResponse>(
+      3, "ListSessions", inline_(&BrokerCore::ListSessions));
+  RegisterUnary<pb::RunRequest, pb::RunResult>(
+      4, "Run", [this](const CallContext& cc, auto req, auto done) {
+        core_->RunAsync(cc, *req, [req, done](absl::StatusOr<pb::RunResult> r) { done(std::move(r)); });
+      });
+  RegisterUnary<pb::ShellRequest, pb::RunResult>(
+      5, "Shell", [this](const CallContext& cc, auto req, auto done) {
+        core_->ShellAsync(cc, *req,
+                          [req, done](absl::StatusOr<pb::RunResult> r) { done(std::move(r)); });
+      });
+  RegisterUnary<pb::WriteFileRequest, pb::WriteFileResponse>(6, "WriteFile",
+                                                             blocking(&BrokerCore::WriteFile));
+  RegisterUnary<pb::ReadFileRequest, pb::ReadFileResponse>(7, "ReadFile",
+                                                           blocking(&BrokerCore::ReadFile));
+  MarkMethodRawCallback(
+      8, new grpc::internal::CallbackServerStreamingHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+             [this](grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
+               return RunStream(ctx, request);
+             }));
+  RegisterUnary<pb::KeepAliveRequest, pb::KeepAliveResponse>(9, "KeepAlive",
+                                                             blocking(&BrokerCore::KeepAlive));
+  RegisterUnary<pb::ListToolsRequest, pb::ListToolsResponse>(10, "ListTools",
+                                                             inline_(&BrokerCore::ListTools));
+  using CallToolFn = absl::StatusOr<pb::CallToolResponse> (BrokerCore::*)(
+      const CallContext&, const pb::CallToolRequest&);
+  RegisterUnary<pb::CallToolRequest, pb::CallToolResponse>(
+      11, "CallTool", blocking(static_cast<CallToolFn>(&BrokerCore::CallTool)));
+}
 
 void BrokerService::StartDraining() {
   absl::MutexLock l(&mu_);
@@ -154,11 +204,73 @@ grpc::Status BrokerService::End(Call& call, const absl::Status& status) {
   return ToGrpcStatus(status);
 }
 
+namespace {
+
+// The session id of a request, for the log line (none for the listings).
+template <typename Req>
+std::string SessionOf(const Req& r) {
+  return r.session_id();
+}
+template <>
+std::string SessionOf(const pb::ListSessionsRequest&) {
+  return "";
+}
+template <>
+std::string SessionOf(const pb::ListToolsRequest&) {
+  return "";
+}
+
+template <typename Req>
+absl::Status Parse(const grpc::ByteBuffer* in, Req* req) {
+  grpc::ByteBuffer copy(*in);
+  grpc::Status s = grpc::GenericDeserialize<grpc::ProtoBufferReader, Req>(&copy, req);
+  if (s.ok()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("the request is not a valid ", Req::descriptor()->full_name(),
+                   " (string fields must be valid UTF-8)"));
+}
+
+template <typename Resp>
+void Serialize(const Resp& r, grpc::ByteBuffer* out) {
+  bool own = false;
+  grpc::GenericSerialize<grpc::ProtoBufferWriter, Resp>(r, out, &own);
+}
+
+}  // namespace
+
+template <typename Req, typename Resp, typename Handler>
+void BrokerService::RegisterUnary(int index, const char* method, Handler handler) {
+  MarkMethodRawCallback(
+      index,
+      new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+          [this, method, handler](grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                  grpc::ByteBuffer* out) {
+            auto req = std::make_shared<Req>();
+            absl::Status parsed = Parse(in, req.get());
+            if (!parsed.ok()) {
+              grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+              auto call = std::make_shared<Call>();
+              call->ctx = ctx;
+              call->method = method;
+              call->start = clock_->Monotonic();
+              reactor->Finish(End(*call, parsed));
+              return reactor;
+            }
+            Store<Resp> store = [out](Resp&& r) { Serialize(r, out); };
+            return UnaryAsync<Resp>(
+                ctx, method, SessionOf(*req), std::move(store),
+                [handler, req](const CallContext& cc,
+                               std::function<void(absl::StatusOr<Resp>)> done) {
+                  handler(cc, std::shared_ptr<const Req>(req), std::move(done));
+                });
+          }));
+}
+
 template <typename Resp, typename AsyncFn>
 grpc::ServerUnaryReactor* BrokerService::UnaryAsync(grpc::CallbackServerContext* ctx,
                                                     absl::string_view method,
-                                                    const std::string& session_id, Resp* resp,
-                                                    AsyncFn fn) {
+                                                    const std::string& session_id,
+                                                    Store<Resp> store, AsyncFn fn) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   auto call = std::make_shared<Call>();
   call->ctx = ctx;
@@ -167,102 +279,14 @@ grpc::ServerUnaryReactor* BrokerService::UnaryAsync(grpc::CallbackServerContext*
   auto finish = [this, call, reactor](absl::Status st) { reactor->Finish(End(*call, st)); };
   Begin(
       call,
-      [fn = std::move(fn), resp, finish](const CallContext& cc) mutable {
-        fn(cc, [resp, finish](absl::StatusOr<Resp> r) {
-          if (r.ok()) *resp = std::move(*r);
+      [fn = std::move(fn), store = std::move(store), finish](const CallContext& cc) mutable {
+        fn(cc, [store, finish](absl::StatusOr<Resp> r) {
+          if (r.ok()) store(std::move(*r));
           finish(r.status());
         });
       },
       finish);
   return reactor;
-}
-
-template <typename Resp, typename Fn>
-grpc::ServerUnaryReactor* BrokerService::Unary(grpc::CallbackServerContext* ctx,
-                                               absl::string_view method,
-                                               const std::string& session_id, Resp* resp,
-                                               Mode mode, Fn fn) {
-  WorkPool* pool = core_->blocking_pool();
-  return UnaryAsync(ctx, method, session_id, resp,
-                    [fn = std::move(fn), mode, pool](
-                        const CallContext& cc,
-                        std::function<void(absl::StatusOr<Resp>)> done) mutable {
-                      if (mode == Mode::kInline) {
-                        done(fn(cc));
-                        return;
-                      }
-                      pool->Submit([fn, cc, done]() mutable { done(fn(cc)); });
-                    });
-}
-
-#define SB_UNARY(Method, sid, mode)                      \
-  return Unary(ctx, #Method, sid, resp, Mode::mode,      \
-               [this, req](const CallContext& cc) { return core_->Method(cc, *req); })
-
-grpc::ServerUnaryReactor* BrokerService::StartSession(grpc::CallbackServerContext* ctx,
-                                                      const pb::StartSessionRequest* req,
-                                                      pb::SessionInfo* resp) {
-  SB_UNARY(StartSession, req->session_id(), kBlocking);
-}
-grpc::ServerUnaryReactor* BrokerService::CloseSession(grpc::CallbackServerContext* ctx,
-                                                      const pb::CloseSessionRequest* req,
-                                                      pb::CloseSessionResponse* resp) {
-  SB_UNARY(CloseSession, req->session_id(), kBlocking);
-}
-grpc::ServerUnaryReactor* BrokerService::GetSession(grpc::CallbackServerContext* ctx,
-                                                    const pb::GetSessionRequest* req,
-                                                    pb::SessionInfo* resp) {
-  SB_UNARY(GetSession, req->session_id(), kInline);
-}
-grpc::ServerUnaryReactor* BrokerService::ListSessions(grpc::CallbackServerContext* ctx,
-                                                      const pb::ListSessionsRequest* req,
-                                                      pb::ListSessionsResponse* resp) {
-  static const std::string kNone;
-  SB_UNARY(ListSessions, kNone, kInline);
-}
-grpc::ServerUnaryReactor* BrokerService::WriteFile(grpc::CallbackServerContext* ctx,
-                                                   const pb::WriteFileRequest* req,
-                                                   pb::WriteFileResponse* resp) {
-  SB_UNARY(WriteFile, req->session_id(), kBlocking);
-}
-grpc::ServerUnaryReactor* BrokerService::ReadFile(grpc::CallbackServerContext* ctx,
-                                                  const pb::ReadFileRequest* req,
-                                                  pb::ReadFileResponse* resp) {
-  SB_UNARY(ReadFile, req->session_id(), kBlocking);
-}
-grpc::ServerUnaryReactor* BrokerService::KeepAlive(grpc::CallbackServerContext* ctx,
-                                                   const pb::KeepAliveRequest* req,
-                                                   pb::KeepAliveResponse* resp) {
-  SB_UNARY(KeepAlive, req->session_id(), kBlocking);
-}
-grpc::ServerUnaryReactor* BrokerService::ListTools(grpc::CallbackServerContext* ctx,
-                                                   const pb::ListToolsRequest* req,
-                                                   pb::ListToolsResponse* resp) {
-  static const std::string kNone;
-  SB_UNARY(ListTools, kNone, kInline);
-}
-grpc::ServerUnaryReactor* BrokerService::CallTool(grpc::CallbackServerContext* ctx,
-                                                  const pb::CallToolRequest* req,
-                                                  pb::CallToolResponse* resp) {
-  SB_UNARY(CallTool, req->session_id(), kBlocking);
-}
-
-#undef SB_UNARY
-
-grpc::ServerUnaryReactor* BrokerService::Run(grpc::CallbackServerContext* ctx,
-                                             const pb::RunRequest* req, pb::RunResult* resp) {
-  return UnaryAsync(ctx, "Run", req->session_id(), resp,
-                    [this, req](const CallContext& cc, BrokerCore::RunDone done) {
-                      core_->RunAsync(cc, *req, std::move(done));
-                    });
-}
-
-grpc::ServerUnaryReactor* BrokerService::Shell(grpc::CallbackServerContext* ctx,
-                                               const pb::ShellRequest* req, pb::RunResult* resp) {
-  return UnaryAsync(ctx, "Shell", req->session_id(), resp,
-                    [this, req](const CallContext& cc, BrokerCore::RunDone done) {
-                      core_->ShellAsync(cc, *req, std::move(done));
-                    });
 }
 
 namespace {
@@ -271,7 +295,7 @@ namespace {
 // time. Past kMaxBuffered bytes not yet written (a slow reader) the run's
 // producer is paused (ExecRequest::output_ready) until the queue drains to
 // half. Deletes itself when gRPC is done with the call.
-class RunStreamReactor final : public grpc::ServerWriteReactor<pb::RunEvent> {
+class RunStreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   static constexpr size_t kMaxBuffered = 256 * 1024;
 
@@ -314,7 +338,7 @@ class RunStreamReactor final : public grpc::ServerWriteReactor<pb::RunEvent> {
   // a time, and queued events never move (a deque).
   void OnWriteDone(bool ok) override {
     std::function<void()> resume;
-    pb::RunEvent* next = nullptr;
+    grpc::ByteBuffer* next = nullptr;
     bool finish = false;
     {
       absl::MutexLock l(&mu_);
@@ -349,11 +373,13 @@ class RunStreamReactor final : public grpc::ServerWriteReactor<pb::RunEvent> {
 
  private:
   void Enqueue(pb::RunEvent ev, size_t bytes) {
-    pb::RunEvent* first = nullptr;
+    grpc::ByteBuffer bb;
+    Serialize(ev, &bb);
+    grpc::ByteBuffer* first = nullptr;
     {
       absl::MutexLock l(&mu_);
       if (broken_) return;
-      queue_.push_back(std::move(ev));
+      queue_.push_back(std::move(bb));
       sizes_.push_back(bytes);
       buffered_ += bytes;
       if (!writing_) {
@@ -374,7 +400,7 @@ class RunStreamReactor final : public grpc::ServerWriteReactor<pb::RunEvent> {
 
   std::function<void(bool)> on_done_;
   absl::Mutex mu_;
-  std::deque<pb::RunEvent> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
   std::deque<size_t> sizes_ ABSL_GUARDED_BY(mu_);
   size_t buffered_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
@@ -387,12 +413,18 @@ class RunStreamReactor final : public grpc::ServerWriteReactor<pb::RunEvent> {
 
 }  // namespace
 
-grpc::ServerWriteReactor<pb::RunEvent>* BrokerService::RunStream(grpc::CallbackServerContext* ctx,
-                                                                 const pb::RunRequest* req) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* BrokerService::RunStream(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
   auto* reactor = new RunStreamReactor(nullptr);
   auto call = std::make_shared<Call>();
   call->ctx = ctx;
   call->method = "RunStream";
+  auto req = std::make_shared<pb::RunRequest>();
+  if (absl::Status parsed = Parse(request, req.get()); !parsed.ok()) {
+    call->start = clock_->Monotonic();
+    reactor->Complete(absl::StatusOr<pb::RunResult>(parsed), End(*call, parsed));
+    return reactor;
+  }
   call->session_id = req->session_id();
   auto fail = [this, call, reactor](absl::Status st) {
     reactor->Complete(absl::StatusOr<pb::RunResult>(st), End(*call, st));
@@ -406,7 +438,7 @@ grpc::ServerWriteReactor<pb::RunEvent>* BrokerService::RunStream(grpc::CallbackS
               reactor->Chunk(stream, data);
             },
             [reactor](std::function<void()> resume) { return reactor->Ready(std::move(resume)); },
-            [this, call, reactor](absl::StatusOr<pb::RunResult> r) {
+            [this, call, reactor, req](absl::StatusOr<pb::RunResult> r) {
               grpc::Status st = End(*call, r.status());
               reactor->Complete(std::move(r), std::move(st));
             });

@@ -25,7 +25,7 @@ namespace sandbox {
 // call waits in a bounded queue, then gets RESOURCE_EXHAUSTED naming it.
 //
 // Thread-safe.
-class BrokerService final : public pb::SandboxBroker::CallbackService {
+class BrokerService final : public pb::SandboxBroker::Service {
  public:
   // `metrics` may be null.
   BrokerService(BrokerCore* core, const Authenticator* auth, Clock* clock,
@@ -38,52 +38,27 @@ class BrokerService final : public pb::SandboxBroker::CallbackService {
   int calls_in_flight() const;
   Limiter* call_limiter() { return &calls_; }
 
-  grpc::ServerUnaryReactor* StartSession(grpc::CallbackServerContext* ctx,
-                                         const pb::StartSessionRequest* req,
-                                         pb::SessionInfo* resp) override;
-  grpc::ServerUnaryReactor* CloseSession(grpc::CallbackServerContext* ctx,
-                                         const pb::CloseSessionRequest* req,
-                                         pb::CloseSessionResponse* resp) override;
-  grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* ctx,
-                                       const pb::GetSessionRequest* req,
-                                       pb::SessionInfo* resp) override;
-  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* ctx,
-                                         const pb::ListSessionsRequest* req,
-                                         pb::ListSessionsResponse* resp) override;
-  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, const pb::RunRequest* req,
-                                pb::RunResult* resp) override;
-  grpc::ServerUnaryReactor* Shell(grpc::CallbackServerContext* ctx, const pb::ShellRequest* req,
-                                  pb::RunResult* resp) override;
-  grpc::ServerUnaryReactor* WriteFile(grpc::CallbackServerContext* ctx,
-                                      const pb::WriteFileRequest* req,
-                                      pb::WriteFileResponse* resp) override;
-  grpc::ServerUnaryReactor* ReadFile(grpc::CallbackServerContext* ctx,
-                                     const pb::ReadFileRequest* req,
-                                     pb::ReadFileResponse* resp) override;
-  grpc::ServerWriteReactor<pb::RunEvent>* RunStream(grpc::CallbackServerContext* ctx,
-                                                    const pb::RunRequest* req) override;
-  grpc::ServerUnaryReactor* KeepAlive(grpc::CallbackServerContext* ctx,
-                                      const pb::KeepAliveRequest* req,
-                                      pb::KeepAliveResponse* resp) override;
-  grpc::ServerUnaryReactor* ListTools(grpc::CallbackServerContext* ctx,
-                                      const pb::ListToolsRequest* req,
-                                      pb::ListToolsResponse* resp) override;
-  grpc::ServerUnaryReactor* CallTool(grpc::CallbackServerContext* ctx,
-                                     const pb::CallToolRequest* req,
-                                     pb::CallToolResponse* resp) override;
-
   // One call's bookkeeping from admission to its log line (internal).
   struct Call;
 
  private:
-  // How a handler runs: inline, on the blocking pool, or asynchronously.
+  // Every method is registered raw (bytes in, bytes out) and parsed here,
+  // so a request that is not a valid message (invalid UTF-8 in a string
+  // field, a truncated field) gets INVALID_ARGUMENT naming the message, not
+  // gRPC's generic answer.
+  template <typename Req, typename Resp, typename Handler>
+  void RegisterUnary(int index, const char* method, Handler handler);
+
+  // How a handler runs: inline, or on the blocking pool.
   enum class Mode { kInline, kBlocking };
-  template <typename Resp, typename Fn>
-  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, absl::string_view method,
-                                  const std::string& session_id, Resp* resp, Mode mode, Fn fn);
+  template <typename Resp>
+  using Store = std::function<void(Resp&&)>;
   template <typename Resp, typename AsyncFn>
   grpc::ServerUnaryReactor* UnaryAsync(grpc::CallbackServerContext* ctx, absl::string_view method,
-                                       const std::string& session_id, Resp* resp, AsyncFn fn);
+                                       const std::string& session_id, Store<Resp> store,
+                                       AsyncFn fn);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* RunStream(grpc::CallbackServerContext* ctx,
+                                                        const grpc::ByteBuffer* request);
   // Admission (drain, max_calls_in_flight, authentication); then `go` with
   // the call's context, or `fail` with why not. Either is called once.
   void Begin(const std::shared_ptr<Call>& call,

@@ -40,10 +40,56 @@ class E2BSandbox final : public Sandbox {
 
   const std::string& id() const override { return info_.sandbox_id; }
 
+  // One run's state, shared by the transfer's callbacks.
+  struct RunState {
+    explicit RunState(const ExecRequest& r)
+        : request(r), collector(r.max_output_bytes, r.on_output) {}
+    ExecRequest request;
+    OutputCollector collector;
+    e2b::EnvelopeReader reader;
+    absl::Status stream_status;
+    std::optional<e2b::ProcessEvent> end;
+    uint32_t pid = 0;
+    bool saw_end_stream = false, timed_out = false, cancelled = false;
+    absl::Time deadline;
+  };
+
   absl::StatusOr<ExecResult> Exec(const ExecRequest& request) override {
     RETURN_IF_ERROR(CheckOpen());
     // The run must not outlive the sandbox's own E2B timeout.
     RETURN_IF_ERROR(EnsureTtl(request.timeout + ttl_));
+    auto st = std::make_shared<RunState>(request);
+    ASSIGN_OR_RETURN(HttpRequest http, StartRequest(st, /*may_block=*/true));
+    absl::StatusOr<HttpResponse> resp = provider_->http()->Send(http);
+    return FinishRun(*st, std::move(resp), /*may_block=*/true);
+  }
+
+  // The process stream on the HTTP client's multi handle: no thread waits.
+  // A run that first needs a blocking call (its TTL extended, a large
+  // program uploaded) takes the default path (the blocking pool).
+  void ExecAsync(ExecRequest request, ExecDone done) override {
+    if (absl::Status open = CheckOpen(); !open.ok()) return done(open);
+    if (!TtlCovers(request.timeout + ttl_) ||
+        (request.argv.empty() && request.language != Language::kShell &&
+         request.code.size() > kInlineCodeBytes)) {
+      return Sandbox::ExecAsync(std::move(request), std::move(done));
+    }
+    auto st = std::make_shared<RunState>(request);
+    absl::StatusOr<HttpRequest> http = StartRequest(st, /*may_block=*/false);
+    if (!http.ok()) return done(http.status());
+    provider_->http()->SendAsync(
+        std::move(*http), [this, st, done](absl::StatusOr<HttpResponse> resp) {
+          if ((st->timed_out || st->cancelled) && st->pid != 0) {
+            // The kill is a request of its own: sent without waiting.
+            KillAsync(st->pid);
+          }
+          done(FinishRun(*st, std::move(resp), /*may_block=*/false));
+        });
+  }
+
+  // The Process/Start request whose stream feeds `st`.
+  absl::StatusOr<HttpRequest> StartRequest(const std::shared_ptr<RunState>& st, bool may_block) {
+    const ExecRequest& request = st->request;
     std::string command;
     if (!request.argv.empty()) {
       command = ShellJoin(request.argv);
@@ -64,6 +110,7 @@ class E2BSandbox final : public Sandbox {
                               : request.language == Language::kNode ? "js"
                                                                     : "sh";
       const std::string file = absl::StrCat("/tmp/.sandbox-broker-", RandomHex(8), ".", ext);
+      if (!may_block) return absl::InternalError("e2b: upload on the async path");
       RETURN_IF_ERROR(Upload(file, request.code, "run"));
       switch (request.language) {
         case Language::kPython:
@@ -83,15 +130,7 @@ class E2BSandbox final : public Sandbox {
     const std::string body = e2b::EncodeEnvelope(
         0, e2b::StartRequestJson("/bin/bash", {"-l", "-c", command}, envs, request.cwd));
 
-    Clock* clock = Clock::Real();
-    const absl::Time deadline = clock->Monotonic() + request.timeout;
-    OutputCollector collector(request.max_output_bytes, request.on_output);
-    e2b::EnvelopeReader reader;
-    absl::Status stream_status;
-    std::optional<e2b::ProcessEvent> end;
-    uint32_t pid = 0;
-    bool saw_end_stream = false, timed_out = false, cancelled = false;
-
+    st->deadline = Clock::Real()->Monotonic() + request.timeout;
     HttpRequest http;
     http.method = "POST";
     http.url = absl::StrCat(envd_, "/process.Process/Start");
@@ -103,62 +142,64 @@ class E2BSandbox final : public Sandbox {
     http.headers.push_back({"Keepalive-Ping-Interval", "50"});
     http.body = body;
     http.timeout = request.timeout + absl::Seconds(provider_->config().request_timeout_seconds);
-    int status_seen = 0;
-    std::string error_body;
-    http.on_body = [&](absl::string_view chunk) {
-      if (status_seen == 0) status_seen = 200;
-      reader.Feed(chunk);
+    RunState* s = st.get();  // the request lives no longer than the state
+    http.on_body = [s](absl::string_view chunk) {
+      s->reader.Feed(chunk);
       while (true) {
-        auto env = reader.Next();
+        auto env = s->reader.Next();
         if (!env.ok()) {
           // envd's framing is broken: a provider fault, not the caller's.
-          stream_status = absl::UnavailableError(
+          s->stream_status = absl::UnavailableError(
               absl::StrCat("malformed process stream: ", env.status().message()));
           return false;
         }
         if (!env->has_value()) return true;
         const e2b::Envelope& e = **env;
         if (e.flags & e2b::kFlagEndStream) {
-          saw_end_stream = true;
-          stream_status = e2b::ParseEndStream(e.payload);
+          s->saw_end_stream = true;
+          s->stream_status = e2b::ParseEndStream(e.payload);
           continue;
         }
         auto ev = e2b::ParseProcessEvent(e.payload);
         if (!ev.ok()) {
-          stream_status = ev.status();
+          s->stream_status = ev.status();
           return false;
         }
         switch (ev->kind) {
           case e2b::ProcessEvent::kStart:
-            pid = ev->pid;
+            s->pid = ev->pid;
             break;
           case e2b::ProcessEvent::kStdout:
           case e2b::ProcessEvent::kPty:
-            collector.Append(OutputStream::kStdout, ev->data);
+            s->collector.Append(OutputStream::kStdout, ev->data);
             break;
           case e2b::ProcessEvent::kStderr:
-            collector.Append(OutputStream::kStderr, ev->data);
+            s->collector.Append(OutputStream::kStderr, ev->data);
             break;
           case e2b::ProcessEvent::kEnd:
-            end = *ev;
+            s->end = *ev;
             break;
           default:
             break;
         }
       }
     };
-    http.cancelled = [&] {
-      if (request.cancelled && request.cancelled()) {
-        cancelled = true;
+    http.cancelled = [s] {
+      if (s->request.cancelled && s->request.cancelled()) {
+        s->cancelled = true;
         return true;
       }
-      if (clock->Monotonic() >= deadline) {
-        timed_out = true;
+      if (Clock::Real()->Monotonic() >= s->deadline) {
+        s->timed_out = true;
         return true;
       }
       return false;
     };
-    absl::StatusOr<HttpResponse> resp = provider_->http()->Send(http);
+    return http;
+  }
+
+  absl::StatusOr<ExecResult> FinishRun(RunState& st, absl::StatusOr<HttpResponse> resp,
+                                       bool may_block) {
     if (resp.ok() && resp->status != 200) {
       if (e2b::IsSandboxGone(resp->status, resp->body)) {
         return SandboxGoneError(absl::StrCat("e2b: sandbox ", id(),
@@ -170,29 +211,31 @@ class E2BSandbox final : public Sandbox {
     if (!resp.ok() && resp.status().code() != absl::StatusCode::kCancelled) {
       return absl::UnavailableError(absl::StrCat("e2b: run: ", resp.status().message()));
     }
-    if (timed_out || cancelled) {
+    bool timed_out = st.timed_out;
+    if (st.timed_out || st.cancelled) {
       // envd kills at Connect-Timeout-Ms too; a cancel needs the signal.
-      if (pid != 0) Kill(pid);
-    } else if (!stream_status.ok()) {
-      if (stream_status.code() == absl::StatusCode::kDeadlineExceeded) {
+      if (st.pid != 0 && may_block) Kill(st.pid);
+    } else if (!st.stream_status.ok()) {
+      if (st.stream_status.code() == absl::StatusCode::kDeadlineExceeded) {
         timed_out = true;
       } else {
-        return absl::Status(stream_status.code(),
-                            absl::StrCat("e2b: run: ", stream_status.message()));
+        return absl::Status(st.stream_status.code(),
+                            absl::StrCat("e2b: run: ", st.stream_status.message()));
       }
-    } else if (!end.has_value() || !saw_end_stream) {
+    } else if (!st.end.has_value() || !st.saw_end_stream) {
       return absl::UnavailableError("e2b: run: the process stream ended without a result");
     }
     ExecResult r;
-    r.truncated = collector.truncated();
-    r.output = collector.Take();
+    r.truncated = st.collector.truncated();
+    r.output = st.collector.Take();
     r.timed_out = timed_out;
-    r.cancelled = cancelled;
+    r.cancelled = st.cancelled;
     if (timed_out) {
       r.exit_code = 124;
-    } else if (end.has_value()) {
+    } else if (st.end.has_value()) {
+      const e2b::ProcessEvent& end = *st.end;
       r.exit_code =
-          (end->exit_code < 0 || (!end->exited && !end->status.empty())) ? 128 + 9 : end->exit_code;
+          (end.exit_code < 0 || (!end.exited && !end.status.empty())) ? 128 + 9 : end.exit_code;
     }
     return r;
   }
@@ -260,6 +303,13 @@ class E2BSandbox final : public Sandbox {
   }
 
   // Makes E2B's timeout for this sandbox at least `needed` from now.
+  // Whether the sandbox's E2B timeout already covers `needed` (then
+  // EnsureTtl makes no call).
+  bool TtlCovers(absl::Duration needed) {
+    absl::MutexLock l(&mu_);
+    return ttl_deadline_ - Clock::Real()->Monotonic() >= needed;
+  }
+
   absl::Status EnsureTtl(absl::Duration needed) {
     const absl::Time now = Clock::Real()->Monotonic();
     {
@@ -299,7 +349,11 @@ class E2BSandbox final : public Sandbox {
   }
 
   // Best effort: SIGKILL the process (timeouts are also enforced by envd).
-  void Kill(uint32_t pid) {
+  void Kill(uint32_t pid) { (void)provider_->http()->Send(KillRequest(pid)); }
+  void KillAsync(uint32_t pid) {
+    provider_->http()->SendAsync(KillRequest(pid), [](absl::StatusOr<HttpResponse>) {});
+  }
+  HttpRequest KillRequest(uint32_t pid) {
     HttpRequest http;
     http.method = "POST";
     http.url = absl::StrCat(envd_, "/process.Process/SendSignal");
@@ -308,7 +362,7 @@ class E2BSandbox final : public Sandbox {
     http.headers.push_back({"Connect-Protocol-Version", "1"});
     http.body = absl::StrCat("{\"process\":{\"pid\":", pid, "},\"signal\":\"SIGNAL_SIGKILL\"}");
     http.timeout = absl::Seconds(10);
-    (void)provider_->http()->Send(http);
+    return http;
   }
 
   E2BProvider* const provider_;

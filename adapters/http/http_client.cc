@@ -2,6 +2,7 @@
 
 #include <curl/curl.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "absl/strings/ascii.h"
@@ -73,6 +74,16 @@ curl_socket_t OnOpenSocket(void* clientp, curlsocktype, struct curl_sockaddr* ad
 
 }  // namespace
 
+// One SendAsync transfer, owned by the multi loop from SendAsync to done.
+struct HttpClient::Async {
+  HttpRequest request;
+  HttpResponse response;
+  Transfer t{nullptr, nullptr};
+  CURL* curl = nullptr;
+  struct curl_slist* headers = nullptr;
+  Done done;
+};
+
 std::string HttpResponse::Header(const std::string& name) const {
   auto it = headers.find(name);
   return it == headers.end() ? std::string() : it->second;
@@ -84,6 +95,26 @@ HttpClient::HttpClient(std::string user_agent)
 }
 
 HttpClient::~HttpClient() {
+  CURLM* multi = nullptr;
+  {
+    absl::MutexLock l(&multi_mu_);
+    stop_ = true;
+    multi = static_cast<CURLM*>(multi_);
+    if (multi) curl_multi_wakeup(multi);
+  }
+  if (multi_thread_) multi_thread_->join();
+  {
+    absl::MutexLock l(&multi_mu_);
+    for (Async* a : adding_) {
+      curl_slist_free_all(a->headers);
+      curl_easy_cleanup(a->curl);
+      Done done = std::move(a->done);
+      delete a;
+      done(absl::CancelledError("http: the client was shut down"));
+    }
+    adding_.clear();
+  }
+  if (multi) curl_multi_cleanup(multi);
   absl::MutexLock l(&mu_);
   for (void* h : idle_) curl_easy_cleanup(static_cast<CURL*>(h));
 }
@@ -126,13 +157,12 @@ std::string HttpClient::UrlEncode(absl::string_view s) {
   return out;
 }
 
-absl::StatusOr<HttpResponse> HttpClient::Send(const HttpRequest& request) {
-  CURL* curl = static_cast<CURL*>(TakeHandle());
-  if (curl == nullptr) return absl::InternalError("http: cannot create a curl handle");
-  curl_easy_reset(curl);  // keeps the connection cache
-  HttpResponse response;
-  Transfer t{&request, &response};
+namespace {
 
+// The options of one transfer on a reset handle. Returns the header list
+// (freed by the caller after the transfer).
+struct curl_slist* Setup(CURL* curl, const HttpRequest& request, Transfer* t,
+                         const std::string& user_agent, std::atomic<int64_t>* connections) {
   curl_easy_setopt(curl, CURLOPT_URL, request.url.c_str());
   curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, request.method.c_str());
   if (request.method == "HEAD") curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
@@ -147,7 +177,7 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const HttpRequest& request) {
   }
   headers = curl_slist_append(headers, "Expect:");  // no 100-continue round trip
   curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
-  curl_easy_setopt(curl, CURLOPT_USERAGENT, user_agent_.c_str());
+  curl_easy_setopt(curl, CURLOPT_USERAGENT, user_agent.c_str());
   curl_easy_setopt(curl, CURLOPT_ACCEPT_ENCODING, "");  // gzip/deflate, decoded
   curl_easy_setopt(curl, CURLOPT_HTTP_VERSION, CURL_HTTP_VERSION_2TLS);
   curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
@@ -158,22 +188,19 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const HttpRequest& request) {
                      static_cast<long>(absl::ToInt64Milliseconds(request.timeout)));
   }
   curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, OnData);
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &t);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, t);
   curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, OnHeader);
-  curl_easy_setopt(curl, CURLOPT_HEADERDATA, &t);
+  curl_easy_setopt(curl, CURLOPT_HEADERDATA, t);
   curl_easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
   curl_easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, OnProgress);
-  curl_easy_setopt(curl, CURLOPT_XFERINFODATA, &t);
+  curl_easy_setopt(curl, CURLOPT_XFERINFODATA, t);
   curl_easy_setopt(curl, CURLOPT_OPENSOCKETFUNCTION, OnOpenSocket);
-  curl_easy_setopt(curl, CURLOPT_OPENSOCKETDATA, connections_.get());
+  curl_easy_setopt(curl, CURLOPT_OPENSOCKETDATA, connections);
+  return headers;
+}
 
-  CURLcode rc = curl_easy_perform(curl);
-  curl_slist_free_all(headers);
-  long status = 0;
-  curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
-  response.status = static_cast<int>(status);
-  ReturnHandle(curl);
-
+absl::StatusOr<HttpResponse> Result(CURLcode rc, const Transfer& t, const HttpRequest& request,
+                                    HttpResponse response) {
   if (rc == CURLE_OK) return response;
   if (rc == CURLE_ABORTED_BY_CALLBACK || (rc == CURLE_WRITE_ERROR && t.aborted_by_body)) {
     return absl::CancelledError("http: transfer stopped");
@@ -192,6 +219,100 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const HttpRequest& request) {
     err.SetPayload(kConnectFailedPayload, absl::Cord("1"));
   }
   return err;
+}
+
+}  // namespace
+
+absl::StatusOr<HttpResponse> HttpClient::Send(const HttpRequest& request) {
+  CURL* curl = static_cast<CURL*>(TakeHandle());
+  if (curl == nullptr) return absl::InternalError("http: cannot create a curl handle");
+  curl_easy_reset(curl);  // keeps the connection cache
+  HttpResponse response;
+  Transfer t{&request, &response};
+  struct curl_slist* headers = Setup(curl, request, &t, user_agent_, connections_.get());
+  CURLcode rc = curl_easy_perform(curl);
+  curl_slist_free_all(headers);
+  long status = 0;
+  curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
+  response.status = static_cast<int>(status);
+  ReturnHandle(curl);
+  return Result(rc, t, request, std::move(response));
+}
+
+void HttpClient::SendAsync(HttpRequest request, Done done) {
+  CURL* curl = static_cast<CURL*>(TakeHandle());
+  if (curl == nullptr) {
+    done(absl::InternalError("http: cannot create a curl handle"));
+    return;
+  }
+  curl_easy_reset(curl);
+  auto* a = new Async;
+  a->request = std::move(request);
+  a->t.request = &a->request;
+  a->t.response = &a->response;
+  a->curl = curl;
+  a->done = std::move(done);
+  a->headers = Setup(curl, a->request, &a->t, user_agent_, connections_.get());
+  curl_easy_setopt(curl, CURLOPT_PRIVATE, a);
+  absl::MutexLock l(&multi_mu_);
+  if (multi_ == nullptr) {
+    multi_ = curl_multi_init();
+    multi_thread_ = std::make_unique<std::thread>([this] { MultiLoop(); });
+  }
+  adding_.push_back(a);
+  curl_multi_wakeup(static_cast<CURLM*>(multi_));
+}
+
+void HttpClient::MultiLoop() {
+  CURLM* multi;
+  {
+    absl::MutexLock l(&multi_mu_);
+    multi = static_cast<CURLM*>(multi_);
+  }
+  std::vector<Async*> running;
+  for (;;) {
+    std::vector<Async*> add;
+    {
+      absl::MutexLock l(&multi_mu_);
+      if (stop_) break;
+      add.swap(adding_);
+    }
+    for (Async* a : add) {
+      curl_multi_add_handle(multi, a->curl);
+      running.push_back(a);
+    }
+    int still = 0;
+    curl_multi_perform(multi, &still);
+    int queued = 0;
+    while (CURLMsg* m = curl_multi_info_read(multi, &queued)) {
+      if (m->msg != CURLMSG_DONE) continue;
+      Async* a = nullptr;
+      curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, reinterpret_cast<char**>(&a));
+      const CURLcode rc = m->data.result;
+      curl_multi_remove_handle(multi, a->curl);
+      running.erase(std::find(running.begin(), running.end(), a));
+      curl_slist_free_all(a->headers);
+      long status = 0;
+      curl_easy_getinfo(a->curl, CURLINFO_RESPONSE_CODE, &status);
+      a->response.status = static_cast<int>(status);
+      ReturnHandle(a->curl);
+      absl::StatusOr<HttpResponse> r = Result(rc, a->t, a->request, std::move(a->response));
+      Done done = std::move(a->done);
+      delete a;
+      done(std::move(r));
+    }
+    // Woken by SendAsync; at least every 100 ms for the progress callbacks
+    // (cancellation) and curl's own timers.
+    curl_multi_poll(multi, nullptr, 0, 100, nullptr);
+  }
+  for (Async* a : running) {
+    curl_multi_remove_handle(multi, a->curl);
+    curl_slist_free_all(a->headers);
+    curl_easy_cleanup(a->curl);
+    Done done = std::move(a->done);
+    delete a;
+    done(absl::CancelledError("http: the client was shut down"));
+  }
 }
 
 namespace {

@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -63,6 +64,14 @@ class HttpClient {
 
   absl::StatusOr<HttpResponse> Send(const HttpRequest& request);
 
+  // Send without holding the caller's thread: the transfer runs on the
+  // client's libcurl multi handle, driven by one thread of its own (started
+  // on first use). `done` is called exactly once, on that thread, with what
+  // Send would return; it and the request's callbacks must not block.
+  // `cancelled` is polled at least every 100 ms.
+  using Done = std::function<void(absl::StatusOr<HttpResponse>)>;
+  void SendAsync(HttpRequest request, Done done);
+
   // TCP connections opened so far (to see that connections are reused).
   int64_t connections_opened() const;
 
@@ -70,13 +79,21 @@ class HttpClient {
   static std::string UrlEncode(absl::string_view s);
 
  private:
+  struct Async;
   void* TakeHandle();
   void ReturnHandle(void* handle);
+  void MultiLoop();
 
   const std::string user_agent_;
   absl::Mutex mu_;
   std::vector<void*> idle_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<std::atomic<int64_t>> connections_;
+  // SendAsync's multi handle and thread; transfers waiting to be added.
+  absl::Mutex multi_mu_;
+  void* multi_ ABSL_GUARDED_BY(multi_mu_) = nullptr;
+  bool stop_ ABSL_GUARDED_BY(multi_mu_) = false;
+  std::vector<Async*> adding_ ABSL_GUARDED_BY(multi_mu_);
+  std::unique_ptr<std::thread> multi_thread_;
 };
 
 // A transport failure before any byte reached the server (refused, no

@@ -190,17 +190,20 @@ TEST_F(BadInputTest, InvalidUtf8InStringFieldsIsRefusedAndTheDaemonStaysUp) {
   const std::string bad = "s\xff\xfe";
   for (const char* method : {"StartSession", "GetSession", "CloseSession", "KeepAlive"}) {
     absl::Status s = RawCall(method, Field(1, bad));
-    // proto3 strings must be UTF-8: the request does not parse.
-    EXPECT_EQ(s.code(), C::kInternal) << method << ": " << s;
+    // proto3 strings must be UTF-8: the request does not parse, and the
+    // broker says which message.
+    EXPECT_EQ(s.code(), C::kInvalidArgument) << method << ": " << s;
+    EXPECT_EQ(s.message(), absl::StrCat("the request is not a valid sandboxbroker.v1.", method,
+                                        "Request (string fields must be valid UTF-8)"));
   }
-  EXPECT_EQ(RawCall("Run", Field(1, "s") + Field(2, "print(\xc0\xaf)")).code(), C::kInternal);
-  EXPECT_EQ(RawCall("WriteFile", Field(1, "s") + Field(2, "\xed\xa0\x80")).code(), C::kInternal);
+  EXPECT_EQ(RawCall("Run", Field(1, "s") + Field(2, "print(\xc0\xaf)")).code(), C::kInvalidArgument);
+  EXPECT_EQ(RawCall("WriteFile", Field(1, "s") + Field(2, "\xed\xa0\x80")).code(), C::kInvalidArgument);
   EXPECT_EQ(RawCall("CallTool", Field(1, "s") + Field(2, "sandbox_local_run") +
                                     Field(3, "{\"code\":\"\xff\"}"))
                 .code(),
-            C::kInternal);
+            C::kInvalidArgument);
   // Garbage that is not protobuf at all.
-  EXPECT_EQ(RawCall("Run", std::string("\xff\xff\xff\xff\x0f", 5)).code(), C::kInternal);
+  EXPECT_EQ(RawCall("Run", std::string("\xff\xff\xff\xff\x0f", 5)).code(), C::kInvalidArgument);
   ExpectHealthy();
   ExpectNothingLeft();
 }
