@@ -5,8 +5,11 @@
 //   broker_bench --smoke    a tiny version, run in CI so the harness cannot rot
 //
 // Sections:
-//   1. gRPC: the broker with the echo provider vs a bare gRPC echo server
-//      (baseline 1), same async closed-loop load generator, same messages.
+//   1. gRPC: the broker with the echo provider vs bare gRPC echo servers
+//      (baseline 1: the callback API, answering inline with no thread cap,
+//      the fastest server gRPC C++ offers; and a sync server under the
+//      broker's 256-thread cap), same async closed-loop load generator, same
+//      messages, interleaved rounds.
 //   2. Sandbox floor: the local provider's Run of print(42) vs the same
 //      bubblewrap invocation without the broker, and plain python3 -c
 //      (baseline 2).
@@ -40,6 +43,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/server_builder.h"
+#include "grpcpp/support/server_callback.h"
 #include "sandboxbroker/v1/broker.grpc.pb.h"
 #include "server/broker_server.h"
 #include "server/provider_setup.h"
@@ -178,8 +182,8 @@ Latencies Load(const std::string& address, int concurrency, absl::Duration durat
   return lat;
 }
 
-// Baseline 1: the same service answered by a bare sync gRPC server with the
-// broker's thread cap and message limits, and no work at all.
+// Baseline 1a: the same service answered by a bare sync gRPC server with
+// the broker's thread cap (config max_threads, 256), and no work at all.
 class EchoService final : public pb::SandboxBroker::Service {
  public:
   grpc::Status Run(grpc::ServerContext*, const pb::RunRequest* r, pb::RunResult* out) override {
@@ -203,13 +207,52 @@ class EchoService final : public pb::SandboxBroker::Service {
   }
 };
 
-std::unique_ptr<grpc::Server> StartEchoServer(EchoService* service, int* port) {
+// Baseline 1b, the headline one: the callback API, each call answered and
+// finished inline on gRPC's own threads (the default reactor), no thread
+// cap: as fast as a bare gRPC C++ server gets.
+class CallbackEchoService final : public pb::SandboxBroker::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, const pb::RunRequest* r,
+                                pb::RunResult* out) override {
+    out->set_output(r->code());
+    return Done(ctx);
+  }
+  grpc::ServerUnaryReactor* Shell(grpc::CallbackServerContext* ctx, const pb::ShellRequest* r,
+                                  pb::RunResult* out) override {
+    out->set_output(r->command());
+    return Done(ctx);
+  }
+  grpc::ServerUnaryReactor* WriteFile(grpc::CallbackServerContext* ctx,
+                                      const pb::WriteFileRequest* r,
+                                      pb::WriteFileResponse* out) override {
+    out->set_bytes_written(static_cast<int64_t>(r->contents().size()));
+    return Done(ctx);
+  }
+  grpc::ServerUnaryReactor* ReadFile(grpc::CallbackServerContext* ctx, const pb::ReadFileRequest*,
+                                     pb::ReadFileResponse* out) override {
+    out->set_found(true);
+    out->set_contents("x");
+    return Done(ctx);
+  }
+
+ private:
+  static grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+};
+
+// `max_threads` > 0 caps the server's threads (a resource quota).
+std::unique_ptr<grpc::Server> StartEchoServer(grpc::Service* service, int max_threads, int* port) {
   grpc::ServerBuilder b;
   b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), port);
   b.RegisterService(service);
-  grpc::ResourceQuota quota("bench-echo");
-  quota.SetMaxThreads(256);
-  b.SetResourceQuota(quota);
+  if (max_threads > 0) {
+    grpc::ResourceQuota quota("bench-echo");
+    quota.SetMaxThreads(max_threads);
+    b.SetResourceQuota(quota);
+  }
   return b.BuildAndStart();
 }
 
@@ -276,17 +319,39 @@ void StoreSection(const Options& o) {
   (void)!system(cmd.c_str());
 }
 
+void Merge(Latencies* into, const Latencies& l) {
+  into->us.insert(into->us.end(), l.us.begin(), l.us.end());
+  into->seconds += l.seconds;
+  into->errors += l.errors;
+}
+
+// One figure for the broker and both baselines, with the broker's ratios.
+void Row3(const char* what, double broker, double callback, double sync, const char* unit) {
+  printf("  %-16s %12.1f %12.1f %12.1f  %-6s %7.2fx %7.2fx\n", what, broker, callback, sync, unit,
+         callback > 0 ? broker / callback : 0, sync > 0 ? broker / sync : 0);
+}
+
+void Target(const char* what, double ratio, double target, bool at_least) {
+  const bool met = at_least ? ratio >= target : ratio <= target;
+  printf("  %-46s %5.2fx  target %s %.2fx: %s\n", what, ratio, at_least ? ">=" : "<=", target,
+         met ? "met" : "NOT met");
+}
+
 void GrpcSection(const Options& o) {
-  printf("\n[1] gRPC: broker (echo provider) vs bare gRPC echo server, closed loop\n");
-  EchoService echo;
-  int echo_port = 0;
-  auto echo_server = StartEchoServer(&echo, &echo_port);
+  printf("\n[1] gRPC: broker (echo provider) vs bare gRPC echo servers, closed loop\n");
+  CallbackEchoService callback;
+  EchoService sync;
+  int callback_port = 0, sync_port = 0;
+  auto callback_server = StartEchoServer(&callback, 0, &callback_port);
+  auto sync_server = StartEchoServer(&sync, 256, &sync_port);
   auto broker = StartBroker("{}");
-  if (!broker.ok()) {
-    printf("  broker failed to start: %s\n", std::string(broker.status().message()).c_str());
+  if (!broker.ok() || !callback_server || !sync_server) {
+    printf("  a server failed to start: %s\n",
+           broker.ok() ? "echo baseline" : std::string(broker.status().message()).c_str());
     return;
   }
-  const std::string echo_addr = absl::StrCat("127.0.0.1:", echo_port);
+  const std::string callback_addr = absl::StrCat("127.0.0.1:", callback_port);
+  const std::string sync_addr = absl::StrCat("127.0.0.1:", sync_port);
   const std::string broker_addr = absl::StrCat("127.0.0.1:", (*broker)->port());
   struct Case {
     int concurrency;
@@ -297,27 +362,48 @@ void GrpcSection(const Options& o) {
       o.smoke
           ? std::vector<Case>{{1, 64, false}, {4, 64, true}}
           : std::vector<Case>{{1, 64, false}, {64, 64, false}, {64, 64, true}, {16, 65536, false}};
+  // Short alternating rounds spread a shared machine's noise over all three.
+  const int rounds = o.smoke ? 1 : 4;
+  double tput64 = 0, p50_c1 = 0, p99_64 = 0;
+  bool have_c1 = false, have_64 = false;
+  printf(
+      "  columns: broker, callback baseline (no thread cap), sync baseline (256-thread cap);\n"
+      "  ratios broker/callback, broker/sync. %d alternating rounds of %.2f s per server.\n",
+      rounds, absl::ToDoubleSeconds(o.load_time / rounds));
   for (const Case& c : cases) {
-    // Interleave baseline and broker twice each to spread the noise.
-    Latencies b1 = Load(echo_addr, c.concurrency, o.load_time / 2, c.payload, c.mixed);
-    Latencies r1 = Load(broker_addr, c.concurrency, o.load_time / 2, c.payload, c.mixed);
-    Latencies b2 = Load(echo_addr, c.concurrency, o.load_time / 2, c.payload, c.mixed);
-    Latencies r2 = Load(broker_addr, c.concurrency, o.load_time / 2, c.payload, c.mixed);
-    b1.us.insert(b1.us.end(), b2.us.begin(), b2.us.end());
-    b1.seconds += b2.seconds;
-    b1.errors += b2.errors;
-    r1.us.insert(r1.us.end(), r2.us.begin(), r2.us.end());
-    r1.seconds += r2.seconds;
-    r1.errors += r2.errors;
-    printf(" concurrency %d, payload %zu B, %s (errors: broker %lld, echo %lld)\n", c.concurrency,
-           c.payload, c.mixed ? "mix run/shell/write/read" : "Run only",
-           static_cast<long long>(r1.errors), static_cast<long long>(b1.errors));
-    Row("throughput", r1.Throughput(), b1.Throughput(), "req/s", true);
-    Row("p50 latency", r1.Pct(0.50), b1.Pct(0.50), "us", false);
-    Row("p90 latency", r1.Pct(0.90), b1.Pct(0.90), "us", false);
-    Row("p99 latency", r1.Pct(0.99), b1.Pct(0.99), "us", false);
-    Row("max latency", r1.Pct(1.0), b1.Pct(1.0), "us", false);
+    Latencies r, cb, sy;
+    for (int i = 0; i < rounds; ++i) {
+      const absl::Duration t = o.load_time / rounds;
+      Merge(&cb, Load(callback_addr, c.concurrency, t, c.payload, c.mixed));
+      Merge(&r, Load(broker_addr, c.concurrency, t, c.payload, c.mixed));
+      Merge(&sy, Load(sync_addr, c.concurrency, t, c.payload, c.mixed));
+    }
+    printf(" concurrency %d, payload %zu B, %s (errors: broker %lld, callback %lld, sync %lld)\n",
+           c.concurrency, c.payload, c.mixed ? "mix run/shell/write/read" : "Run only",
+           static_cast<long long>(r.errors), static_cast<long long>(cb.errors),
+           static_cast<long long>(sy.errors));
+    printf("  %-16s %12s %12s %12s  %-6s %8s %8s\n", "", "broker", "callback", "sync-256", "",
+           "/callbk", "/sync");
+    Row3("throughput", r.Throughput(), cb.Throughput(), sy.Throughput(), "req/s");
+    Row3("p50 latency", r.Pct(0.50), cb.Pct(0.50), sy.Pct(0.50), "us");
+    Row3("p90 latency", r.Pct(0.90), cb.Pct(0.90), sy.Pct(0.90), "us");
+    Row3("p99 latency", r.Pct(0.99), cb.Pct(0.99), sy.Pct(0.99), "us");
+    Row3("max latency", r.Pct(1.0), cb.Pct(1.0), sy.Pct(1.0), "us");
+    if (c.mixed || c.payload != 64) continue;
+    if (c.concurrency == 1 && cb.Pct(0.50) > 0) {
+      have_c1 = true;
+      p50_c1 = r.Pct(0.50) / cb.Pct(0.50);
+    }
+    if (c.concurrency == 64 && cb.Throughput() > 0 && cb.Pct(0.99) > 0) {
+      have_64 = true;
+      tput64 = r.Throughput() / cb.Throughput();
+      p99_64 = r.Pct(0.99) / cb.Pct(0.99);
+    }
   }
+  if (have_c1 || have_64) printf(" issue #11 targets, broker vs the callback baseline:\n");
+  if (have_64) Target("throughput at concurrency 64 (Run, 64 B)", tput64, 0.85, true);
+  if (have_c1) Target("p50 latency at concurrency 1 (Run, 64 B)", p50_c1, 1.2, false);
+  if (have_64) Target("p99 latency at concurrency 64 (Run, 64 B)", p99_64, 1.5, false);
 }
 
 // ---- sandbox floor -------------------------------------------------------
@@ -525,12 +611,21 @@ void E2BSection(const Options& o) {
     if (j.is_object() && j.contains("median_ms")) {
       sdk_ms = j["median_ms"].get<double>();
     } else {
-      printf("  SDK run failed: %s\n", out.c_str());
+      // A missing SDK (tests/conformance/e2b/node_modules) is one line from
+      // node's stack trace, "Error: Cannot find module ...".
+      std::string why = out.substr(0, out.find('\n'));
+      const size_t e = out.find("\nError: ");
+      if (e != std::string::npos) why = out.substr(e + 1, out.find('\n', e + 1) - e - 1);
+      printf("  SDK run failed (SDK baseline skipped): %s\n", why.c_str());
     }
   } else {
     printf("  (no node >= 20.18.1: SDK baseline skipped)\n");
   }
-  Row("per (run+write+read), median", Median(ours), sdk_ms, "ms", false);
+  if (sdk_ms > 0) {
+    Row("per (run+write+read), median", Median(ours), sdk_ms, "ms", false);
+  } else {
+    printf("  per (run+write+read), median: ours %.1f ms (no SDK baseline)\n", Median(ours));
+  }
   printf(
       "  TCP connections for create + all calls: ours %lld (HttpClient counted %lld), SDK %lld\n",
       static_cast<long long>(our_conns),
