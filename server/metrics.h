@@ -43,6 +43,11 @@ class Metrics {
   void OomKilled(const std::string& provider);
   // A write refused by a sandbox quota (`what`: "disk").
   void QuotaHit(const std::string& provider, const std::string& what);
+  // Warm pools (server/warm_pool.h): ready members now; a session that took
+  // one; a session that created instead (`reason`: "empty" or "mismatch").
+  void PoolSize(const std::string& provider, int64_t ready);
+  void PoolHit(const std::string& provider);
+  void PoolMiss(const std::string& provider, const std::string& reason);
 
  private:
   // Cached handles, keyed by their label values joined with '\x1f': the
@@ -68,6 +73,9 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& oom_kills_;
   prometheus::Family<prometheus::Counter>& quota_hits_;
   prometheus::Family<prometheus::Gauge>& degraded_;
+  prometheus::Family<prometheus::Gauge>& pool_size_;
+  prometheus::Family<prometheus::Counter>& pool_hits_;
+  prometheus::Family<prometheus::Counter>& pool_misses_;
 };
 
 }  // namespace sandbox
