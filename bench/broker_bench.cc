@@ -603,9 +603,10 @@ void ScaleSection(const Options& o) {
 
 void PoolSection(const Options& o) {
   const int sessions = o.smoke ? 3 : 20;
-  printf("\n[6] Warm pool: first Run of a new session, fake E2B with create_latency_ms 500, "
-         "%d sessions each\n",
-         sessions);
+  printf(
+      "\n[6] Warm pool: first Run of a new session, fake E2B with create_latency_ms 500, "
+      "%d sessions each\n",
+      sessions);
   FakeE2B::Options fo;
   fo.uid_base = 710000;
   fo.ttl_thread = false;

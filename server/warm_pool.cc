@@ -189,8 +189,8 @@ void WarmPool::Loop() {
       while (!stopping_ && !kick_) {
         absl::Duration wait = absl::Seconds(60);
         if (!ready_.empty()) {
-          wait = std::min(wait, ready_.front().created + options_.max_age -
-                                    options_.clock->Monotonic());
+          wait = std::min(wait,
+                          ready_.front().created + options_.max_age - options_.clock->Monotonic());
         }
         if (wait <= absl::ZeroDuration()) break;
         wake_.WaitWithTimeout(&mu_, std::max(wait, absl::Milliseconds(10)));

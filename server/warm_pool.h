@@ -127,8 +127,8 @@ class WarmPool final : public Provider {
   std::string deployment_id_ ABSL_GUARDED_BY(mu_);
   std::string instance_id_ ABSL_GUARDED_BY(mu_);
   Metrics* metrics_ ABSL_GUARDED_BY(mu_) = nullptr;
-  std::deque<Member> ready_ ABSL_GUARDED_BY(mu_);  // oldest first
-  std::set<std::string> creating_ ABSL_GUARDED_BY(mu_);  // attempt ids
+  std::deque<Member> ready_ ABSL_GUARDED_BY(mu_);                // oldest first
+  std::set<std::string> creating_ ABSL_GUARDED_BY(mu_);          // attempt ids
   std::map<std::string, Claimed> claimed_ ABSL_GUARDED_BY(mu_);  // by sandbox id
   int64_t claims_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;

@@ -343,8 +343,8 @@ absl::StatusOr<std::unique_ptr<Sandbox>> DaytonaProvider::Create(const SandboxSp
   p.env = spec.env;
   p.labels = LabelsOf(spec);
   if (!config_.workspace.empty()) {
-    p.name = absl::StrCat(config_.workspace, "-", spec.pool.empty() ? spec.session_id : "pool",
-                          "-", RandomHex(3));
+    p.name = absl::StrCat(config_.workspace, "-", spec.pool.empty() ? spec.session_id : "pool", "-",
+                          RandomHex(3));
   }
   p.auto_stop_minutes = config_.auto_stop_minutes;
   if (!spec.pool.empty()) {
@@ -432,18 +432,16 @@ absl::StatusOr<std::unique_ptr<Sandbox>> DaytonaProvider::Claim(Sandbox* member,
   auto* m = dynamic_cast<DaytonaSandbox*>(member);
   if (m == nullptr) return absl::InvalidArgumentError("daytona: not a daytona sandbox");
   // The session's labels replace the pool's (as the SDK's setLabels).
-  ASSIGN_OR_RETURN(HttpResponse resp,
-                   Api("PUT", absl::StrCat("/sandbox/", m->id(), "/labels"),
-                       nlohmann::json({{"labels", LabelsOf(session)}}).dump()));
+  ASSIGN_OR_RETURN(HttpResponse resp, Api("PUT", absl::StrCat("/sandbox/", m->id(), "/labels"),
+                                          nlohmann::json({{"labels", LabelsOf(session)}}).dump()));
   if (resp.status == 404) {
     return SandboxGoneError(absl::StrCat("daytona: sandbox ", m->id(), " no longer exists"));
   }
   if (resp.status / 100 != 2) return daytona::HttpError("replace labels", resp.status, resp.body);
   // The session's dead-man's switch instead of the pool's longer one.
-  ASSIGN_OR_RETURN(resp, Api("POST",
-                             absl::StrCat("/sandbox/", m->id(), "/autostop/",
-                                          config_.auto_stop_minutes),
-                             ""));
+  ASSIGN_OR_RETURN(
+      resp,
+      Api("POST", absl::StrCat("/sandbox/", m->id(), "/autostop/", config_.auto_stop_minutes), ""));
   if (resp.status == 404) {
     return SandboxGoneError(absl::StrCat("daytona: sandbox ", m->id(), " no longer exists"));
   }

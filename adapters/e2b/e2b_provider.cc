@@ -464,8 +464,8 @@ absl::StatusOr<std::unique_ptr<Sandbox>> E2BProvider::Claim(Sandbox* member,
   // The session's dead-man's switch instead of the pool's longer one. The
   // metadata stays (E2B has no call to change it after create).
   RETURN_IF_ERROR(m->SetTimeout(config_.sandbox_timeout_seconds));
-  auto claimed = std::make_unique<E2BSandbox>(this, m->info(), session,
-                                              config_.sandbox_timeout_seconds);
+  auto claimed =
+      std::make_unique<E2BSandbox>(this, m->info(), session, config_.sandbox_timeout_seconds);
   m->Detach();
   return std::unique_ptr<Sandbox>(std::move(claimed));
 }

@@ -3,6 +3,8 @@
 // shutdown. The pool is driven by hand (Refill) with a fake clock, except
 // in the broker test, which runs its background thread.
 
+#include "server/warm_pool.h"
+
 #include <gtest/gtest.h>
 
 #include <set>
@@ -15,7 +17,6 @@
 #include "server/provider_setup.h"
 #include "server/session_manager.h"
 #include "server/session_store.h"
-#include "server/warm_pool.h"
 #include "tests/fakes/fake_daytona.h"
 #include "tests/fakes/fake_e2b.h"
 #include "tests/testing/broker_fixture.h"
@@ -93,8 +94,7 @@ class WarmPoolE2BTest : public ::testing::Test {
   }
 
   // The pool, registered as provider "e2b" and started (no thread).
-  WarmPool* AddPool(int64_t size, absl::Duration max_age = absl::Hours(1),
-                    int max_concurrent = 4) {
+  WarmPool* AddPool(int64_t size, absl::Duration max_age = absl::Hours(1), int max_concurrent = 4) {
     WarmPool::Options o;
     o.size = size;
     o.max_age = max_age;
@@ -200,8 +200,7 @@ TEST_F(WarmPoolE2BTest, ASpecThatDoesNotMatchMissesAndCreates) {
   ASSERT_TRUE(Manager().Acquire("alpha", "other", &other).ok());
   EXPECT_EQ(Creates(), 2);
   EXPECT_EQ(pool->ready(), 1);
-  EXPECT_EQ(MetricValue(metrics_, "sandbox_broker_pool_misses_total", {{"reason", "mismatch"}}),
-            1);
+  EXPECT_EQ(MetricValue(metrics_, "sandbox_broker_pool_misses_total", {{"reason", "mismatch"}}), 1);
   // An empty pool misses too.
   ASSERT_TRUE(Manager().Acquire("alpha", "a", &create_).ok());
   EXPECT_EQ(Creates(), 2);  // a hit
@@ -343,8 +342,8 @@ TEST(WarmPoolDaytonaTest, AClaimReplacesTheLabelsAndTheAutoStop) {
   fo.timer_thread = false;
   auto fake = FakeDaytona::Start(fo);
   ASSERT_TRUE(fake.ok()) << fake.status();
-  json cfg = {{"api_key", "dtn_test_key"}, {"api_url", (*fake)->api_url()},
-              {"auto_stop_minutes", 5}};
+  json cfg = {
+      {"api_key", "dtn_test_key"}, {"api_url", (*fake)->api_url()}, {"auto_stop_minutes", 5}};
   auto c = ParseDaytonaConfig(cfg, 60);
   ASSERT_TRUE(c.ok()) << c.status();
   auto provider = DaytonaProvider::Create(*c);
