@@ -17,6 +17,8 @@
 //      server, same call sequence; TCP connections each opened (baseline 3).
 //   4. Session scale: 100k idle sessions (echo provider): RSS per session,
 //      and the reaper's cost against how many sessions expire.
+//   6. Warm pool: the first Run of a new session against fake E2B with a
+//      500 ms create latency, with providers.e2b.pool vs without (baseline).
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -692,6 +694,67 @@ void ScaleSection(const Options& o) {
          reaped_rest, rest_s * 1000, rest_s * 1e6 / std::max(1, reaped_rest));
 }
 
+// ---- warm pool: first Run of a new session ---------------------------------
+
+void PoolSection(const Options& o) {
+  const int sessions = o.smoke ? 3 : 20;
+  printf(
+      "\n[6] Warm pool: first Run of a new session, fake E2B with create_latency_ms 500, "
+      "%d sessions each\n",
+      sessions);
+  FakeE2B::Options fo;
+  fo.uid_base = 710000;
+  fo.ttl_thread = false;
+  auto fake_or = FakeE2B::Start(fo);
+  if (!fake_or.ok()) return;
+  std::unique_ptr<FakeE2B> fake = std::move(*fake_or);
+  fake->faults().create_latency_ms = 500;  // as POST /_fake/faults {"create_latency_ms": 500}
+  Clock* clock = Clock::Real();
+  std::vector<double> ms[2];  // [0] no pool, [1] pool
+  for (int pooled = 0; pooled < 2; ++pooled) {
+    nlohmann::json e2b = {
+        {"api_key", fo.api_key}, {"api_url", fake->url()}, {"sandbox_url", fake->url()}};
+    if (pooled) e2b["pool"] = {{"size", 2}};
+    nlohmann::json extra = {{"default_provider", "e2b"}, {"providers", {{"e2b", e2b}}}};
+    auto broker = StartBroker(extra.dump());
+    if (!broker.ok()) {
+      printf("  broker failed: %s\n", std::string(broker.status().message()).c_str());
+      return;
+    }
+    auto stub = pb::SandboxBroker::NewStub(grpc::CreateChannel(
+        absl::StrCat("127.0.0.1:", (*broker)->port()), grpc::InsecureChannelCredentials()));
+    // Sessions arrive slower than the pool refills (the steady state the
+    // pool is sized for): each one finds it full.
+    auto wait_full = [&] {
+      for (WarmPool* p : (*broker)->pools()) {
+        for (int i = 0; i < 400 && p->ready() < p->options().size; ++i) {
+          absl::SleepFor(absl::Milliseconds(25));
+        }
+      }
+    };
+    for (int i = 0; i < sessions; ++i) {
+      wait_full();
+      grpc::ClientContext ctx;
+      pb::RunRequest req;
+      req.set_session_id(absl::StrCat("pool-", pooled, "-", i));
+      req.set_code("print(42)");
+      pb::RunResult out;
+      const absl::Time t = clock->Monotonic();
+      grpc::Status st = stub->Run(&ctx, req, &out);
+      ms[pooled].push_back(absl::ToDoubleMilliseconds(clock->Monotonic() - t));
+      if (!st.ok() || out.output() != "42\n") {
+        printf("  run failed: %s %s\n", st.error_message().c_str(), out.output().c_str());
+      }
+    }
+    (*broker)->sessions()->CloseAll();
+    broker->reset();
+  }
+  printf("  no pool: p50 %.0f ms, max %.0f ms; pool: p50 %.0f ms, max %.0f ms\n", Median(ms[0]),
+         *std::max_element(ms[0].begin(), ms[0].end()), Median(ms[1]),
+         *std::max_element(ms[1].begin(), ms[1].end()));
+  Row("first Run p50: pool (size 2) vs no pool", Median(ms[1]), Median(ms[0]), "ms", false);
+}
+
 }  // namespace
 }  // namespace sandbox
 
@@ -715,7 +778,7 @@ int main(int argc, char** argv) {
     } else if (a == "--seconds" && i + 1 < argc) {
       o.load_time = absl::Seconds(atoi(argv[++i]));
     } else if (std::string(argv[i]) == "--only" && i + 1 < argc) {
-      only = argv[++i];  // grpc | floor | e2b | scale | store
+      only = argv[++i];  // grpc | floor | e2b | scale | store | pool
     } else if (std::string(argv[i]) == "--smoke") {
       o.smoke = true;
       o.load_time = absl::Milliseconds(400);
@@ -741,6 +804,7 @@ int main(int argc, char** argv) {
   if (only.empty() || only == "e2b") E2BSection(o);
   if (only.empty() || only == "scale") ScaleSection(o);
   if (only.empty() || only == "store") StoreSection(o);
+  if (only.empty() || only == "pool") PoolSection(o);
   printf("\nbroker_bench: done\n");
   return 0;
 }

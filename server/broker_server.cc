@@ -99,6 +99,10 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
        {"deployment_id", s->store_->deployment_id()},
        {"sessions", recovered}});
   s->sessions_->set_observer(s->accounting_.get());
+  // Warm pools: members are tagged with this deployment and instance.
+  for (WarmPool* pool : s->pools()) {
+    pool->Start(s->store_->deployment_id(), instance_id, s->metrics_.get(), options.pool_threads);
+  }
   s->auth_ = std::make_unique<Authenticator>(s->policy_.get());
   s->core_ = std::make_unique<BrokerCore>(config, s->providers_.get(), s->sessions_.get(),
                                           s->clock_, s->metrics_.get());
@@ -250,6 +254,14 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
   return s;
 }
 
+std::vector<WarmPool*> BrokerServer::pools() const {
+  std::vector<WarmPool*> out;
+  for (const std::string& name : providers_->Names()) {
+    if (auto* pool = dynamic_cast<WarmPool*>(*providers_->Find(name))) out.push_back(pool);
+  }
+  return out;
+}
+
 std::string BrokerServer::address() const { return absl::StrCat(host_, ":", port_); }
 
 void BrokerServer::SetHealth(bool serving) {
@@ -330,6 +342,8 @@ void BrokerServer::Shutdown(absl::Duration grace) {
     mcp_->CloseAllSessions();
   }
   if (config_.drain_close_sandboxes) sessions_->CloseAll();
+  // Unclaimed pool members serve no session: destroyed, durable or not.
+  for (WarmPool* pool : pools()) pool->Stop();
   FlushUsage();  // after the last calls and closes were metered
   Log(LogLevel::kInfo, "broker.stopped", {});
 }

@@ -28,6 +28,7 @@
 #include "server/run_ledger.h"
 #include "server/session_manager.h"
 #include "server/session_store.h"
+#include "server/warm_pool.h"
 
 namespace sandbox {
 
@@ -58,6 +59,9 @@ class BrokerServer {
     bool health_thread = true;
     // A store to use instead of the one config.state names (not owned).
     SessionStore* store = nullptr;
+    // Keep warm pools (providers.<name>.pool) full on their own threads.
+    // Tests turn it off and call WarmPool::Refill() (see pools()).
+    bool pool_threads = true;
   };
 
   static absl::StatusOr<std::unique_ptr<BrokerServer>> Start(
@@ -89,6 +93,8 @@ class BrokerServer {
   // Probes the providers that are due and publishes the health statuses.
   void ProbeProviders();
   SessionStore* store() { return store_; }
+  // The providers with a warm pool.
+  std::vector<WarmPool*> pools() const;
   RunLedger* runs() { return runs_.get(); }
   BrokerService* service() { return service_.get(); }
 

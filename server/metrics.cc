@@ -97,7 +97,21 @@ Metrics::Metrics()
                     .Name("sandbox_broker_provider_degraded")
                     .Help("1 while a provider runs in a weaker mode the operator chose "
                           "(local: providers.local.enforcement \"best_effort\")")
-                    .Register(*registry_)) {}
+                    .Register(*registry_)),
+      pool_size_(prometheus::BuildGauge()
+                     .Name("sandbox_broker_pool_size")
+                     .Help("Ready, unclaimed members of a provider's warm pool")
+                     .Register(*registry_)),
+      pool_hits_(prometheus::BuildCounter()
+                     .Name("sandbox_broker_pool_hits_total")
+                     .Help("New sessions that took a warm-pool member instead of creating")
+                     .Register(*registry_)),
+      pool_misses_(prometheus::BuildCounter()
+                       .Name("sandbox_broker_pool_misses_total")
+                       .Help("New sessions on a pooled provider that created a sandbox, by "
+                             "reason (empty: no ready member; mismatch: the spec needs "
+                             "creation-time settings)")
+                       .Register(*registry_)) {}
 
 void Metrics::SessionCreated(const std::string& provider, const std::string& tenant,
                              absl::Duration took) {
@@ -179,6 +193,18 @@ void Metrics::LimitRefused(const std::string& limit) {
 void Metrics::LimitState(const std::string& limit, int64_t in_use, int64_t queued) {
   limit_in_use_.Add({{"limit", limit}}).Set(static_cast<double>(in_use));
   limit_queued_.Add({{"limit", limit}}).Set(static_cast<double>(queued));
+}
+
+void Metrics::PoolSize(const std::string& provider, int64_t ready) {
+  pool_size_.Add({{"provider", provider}}).Set(static_cast<double>(ready));
+}
+
+void Metrics::PoolHit(const std::string& provider) {
+  pool_hits_.Add({{"provider", provider}}).Increment();
+}
+
+void Metrics::PoolMiss(const std::string& provider, const std::string& reason) {
+  pool_misses_.Add({{"provider", provider}, {"reason", reason}}).Increment();
 }
 
 void Metrics::RunFinished(const std::string& provider, size_t output_bytes, bool timed_out) {

@@ -47,6 +47,11 @@ class Metrics {
   // key), and a limit's current slots in use and calls queued.
   void LimitRefused(const std::string& limit);
   void LimitState(const std::string& limit, int64_t in_use, int64_t queued);
+  // Warm pools (server/warm_pool.h): ready members now; a session that took
+  // one; a session that created instead (`reason`: "empty" or "mismatch").
+  void PoolSize(const std::string& provider, int64_t ready);
+  void PoolHit(const std::string& provider);
+  void PoolMiss(const std::string& provider, const std::string& reason);
 
  private:
   // Cached handles, keyed by their label values joined with '\x1f': the
@@ -75,6 +80,9 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& limit_in_use_;
   prometheus::Family<prometheus::Gauge>& limit_queued_;
   prometheus::Family<prometheus::Gauge>& degraded_;
+  prometheus::Family<prometheus::Gauge>& pool_size_;
+  prometheus::Family<prometheus::Counter>& pool_hits_;
+  prometheus::Family<prometheus::Counter>& pool_misses_;
 };
 
 }  // namespace sandbox

@@ -7,6 +7,7 @@
 #include "adapters/local/local_provider.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "server/warm_pool.h"
 
 namespace sandbox {
 namespace {
@@ -21,7 +22,14 @@ absl::StatusOr<std::unique_ptr<Provider>> MakeProvider(const std::string& name,
   }
   if (name == "e2b") {
     ASSIGN_OR_RETURN(E2BConfig c, ParseE2BConfig(cfg, config.idle_timeout_seconds));
+    PoolConfig pool = c.pool;
+    // Refills are bounded by the broker's providers.e2b.max_concurrent_creates
+    // (config.cc takes the key out of the provider's section).
+    if (auto m = config.max_concurrent_creates.find(name); m != config.max_concurrent_creates.end()) {
+      pool.max_concurrent_creates = m->second;
+    }
     ASSIGN_OR_RETURN(std::unique_ptr<E2BProvider> p, E2BProvider::Create(std::move(c)));
+    if (pool.size > 0) return std::unique_ptr<Provider>(new WarmPool(std::move(p), pool));
     return std::unique_ptr<Provider>(std::move(p));
   }
   if (name == "echo") {
@@ -30,7 +38,14 @@ absl::StatusOr<std::unique_ptr<Provider>> MakeProvider(const std::string& name,
   }
   if (name == "daytona") {
     ASSIGN_OR_RETURN(DaytonaConfig c, ParseDaytonaConfig(cfg, config.idle_timeout_seconds));
+    PoolConfig pool = c.pool;
+    // Refills are bounded by the broker's providers.daytona.max_concurrent_creates
+    // (config.cc takes the key out of the provider's section).
+    if (auto m = config.max_concurrent_creates.find(name); m != config.max_concurrent_creates.end()) {
+      pool.max_concurrent_creates = m->second;
+    }
     ASSIGN_OR_RETURN(std::unique_ptr<DaytonaProvider> p, DaytonaProvider::Create(std::move(c)));
+    if (pool.size > 0) return std::unique_ptr<Provider>(new WarmPool(std::move(p), pool));
     return std::unique_ptr<Provider>(std::move(p));
   }
   return absl::InvalidArgumentError(

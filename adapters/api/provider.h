@@ -80,11 +80,20 @@ struct SandboxSpec {
   // ListOwned can find it after a crash. Empty = untagged.
   std::string deployment_id;
   std::string attempt_id;
+  // Warm pools (server/warm_pool.h): non-empty = a pool member of this pool
+  // instance, for no session yet. The provider tags it kPoolTag = pool
+  // (instead of tenant and session tags) and keeps it alive unused for at
+  // least `keep_unclaimed` (E2B timeout, Daytona auto-stop).
+  std::string pool;
+  absl::Duration keep_unclaimed = absl::ZeroDuration();
 };
 
 // Tags (E2B metadata, Daytona labels) that name a sandbox's owner.
 inline constexpr char kDeploymentTag[] = "sandbox-broker.deployment-id";
 inline constexpr char kAttemptTag[] = "sandbox-broker.attempt-id";
+// The tag of warm-pool members: the pool instance (a broker process) that
+// made it. On E2B it stays after a claim (E2B metadata is fixed at create).
+inline constexpr char kPoolTag[] = "sandbox-broker.pool";
 
 // A sandbox this deployment created, as the provider lists it.
 struct OwnedSandbox {
@@ -229,6 +238,24 @@ class Provider {
   // another deployment's). Errors: UNAVAILABLE (unreachable). Idempotent.
   virtual absl::StatusOr<std::vector<OwnedSandbox>> ListOwned(const std::string& deployment_id) {
     return absl::UnimplementedError(absl::StrCat(name(), ": cannot list sandboxes"));
+  }
+
+  // Warm pools (server/warm_pool.h). Defaults: no pools.
+
+  // Whether a pool member made by Create(`member`) can serve `session` once
+  // claimed: everything `session` asks for that is fixed at creation (the
+  // template, resources, a Daytona sandbox's language) is what `member` got.
+  virtual bool CanClaim(const SandboxSpec& member, const SandboxSpec& session) const {
+    return false;
+  }
+  // Makes a pool member `session`'s sandbox: its provider-side timers become
+  // a session's, its tags the session's where the provider can change them,
+  // and the object returned applies `session` (env, language). On success
+  // `member` is let go of (Detach); on failure it is left as it was. Errors:
+  // SandboxGoneError when it no longer exists; UNAVAILABLE. Not idempotent.
+  virtual absl::StatusOr<std::unique_ptr<Sandbox>> Claim(Sandbox* member,
+                                                         const SandboxSpec& session) {
+    return absl::UnimplementedError(absl::StrCat(name(), ": has no warm pools"));
   }
 };
 

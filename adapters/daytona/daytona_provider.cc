@@ -1,5 +1,6 @@
 #include "adapters/daytona/daytona_provider.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
@@ -41,6 +42,7 @@ class DaytonaSandbox final : public Sandbox {
   ~DaytonaSandbox() override { (void)Destroy(); }
 
   const std::string& id() const override { return id_; }
+  const std::string& toolbox() const { return toolbox_; }
 
   absl::StatusOr<ExecResult> Exec(const ExecRequest& request) override {
     RETURN_IF_ERROR(CheckOpen());
@@ -242,7 +244,9 @@ absl::StatusOr<DaytonaConfig> ParseDaytonaConfig(const nlohmann::json& json,
   c.auto_stop_minutes =
       r.Int("auto_stop_minutes", (broker_idle_timeout_seconds + 60 + 59) / 60, 1, 100000);
   c.auto_delete_minutes = r.Int("auto_delete_minutes", 0, 0, 100000);
+  const absl::Status pool = ReadPoolConfig(r, &c.pool);
   RETURN_IF_ERROR(r.Finish());
+  RETURN_IF_ERROR(pool);
   while (!c.api_url.empty() && c.api_url.back() == '/') c.api_url.pop_back();
   if (c.api_key.empty()) {
     return absl::FailedPreconditionError(
@@ -315,24 +319,39 @@ absl::Status DaytonaProvider::DeleteSandbox(const std::string& id) {
   return daytona::HttpError("delete sandbox", resp->status, resp->body);
 }
 
+std::map<std::string, std::string> DaytonaProvider::LabelsOf(const SandboxSpec& spec) const {
+  std::map<std::string, std::string> labels = spec.labels;
+  if (spec.pool.empty()) {
+    labels["sandbox-broker.tenant"] = spec.tenant;
+    labels["sandbox-broker.session-id"] = spec.session_id;
+  } else {
+    labels[kPoolTag] = spec.pool;
+  }
+  labels["sandbox-broker.instance-id"] = spec.broker_instance_id;
+  labels[daytona::kLanguageLabel] = LanguageLabel(spec.language);
+  if (!spec.deployment_id.empty()) {
+    labels[kDeploymentTag] = spec.deployment_id;
+    labels[kAttemptTag] = spec.attempt_id;
+  }
+  return labels;
+}
+
 absl::StatusOr<std::unique_ptr<Sandbox>> DaytonaProvider::Create(const SandboxSpec& spec) {
   daytona::CreateParams p;
   p.snapshot = spec.template_name.empty() ? config_.snapshot : spec.template_name;
   p.target = config_.target;
   p.env = spec.env;
-  p.labels = spec.labels;
-  p.labels["sandbox-broker.tenant"] = spec.tenant;
-  p.labels["sandbox-broker.session-id"] = spec.session_id;
-  p.labels["sandbox-broker.instance-id"] = spec.broker_instance_id;
-  p.labels[daytona::kLanguageLabel] = LanguageLabel(spec.language);
-  if (!spec.deployment_id.empty()) {
-    p.labels[kDeploymentTag] = spec.deployment_id;
-    p.labels[kAttemptTag] = spec.attempt_id;
-  }
+  p.labels = LabelsOf(spec);
   if (!config_.workspace.empty()) {
-    p.name = absl::StrCat(config_.workspace, "-", spec.session_id, "-", RandomHex(3));
+    p.name = absl::StrCat(config_.workspace, "-", spec.pool.empty() ? spec.session_id : "pool", "-",
+                          RandomHex(3));
   }
   p.auto_stop_minutes = config_.auto_stop_minutes;
+  if (!spec.pool.empty()) {
+    // A pool member: not stopped while it waits unused to be claimed.
+    p.auto_stop_minutes = std::max<int64_t>(
+        p.auto_stop_minutes, (absl::ToInt64Seconds(spec.keep_unclaimed) + 59) / 60 + 1);
+  }
   p.auto_delete_minutes = config_.auto_delete_minutes;
   // Daytona sizes sandboxes in whole CPUs and GiB: round requests up.
   if (spec.resources.pids > 0) {
@@ -395,6 +414,42 @@ absl::StatusOr<std::unique_ptr<Sandbox>> DaytonaProvider::Create(const SandboxSp
   std::string toolbox = absl::StrCat(proxy, absl::EndsWith(proxy, "/") ? "" : "/", dto.id);
   return std::unique_ptr<Sandbox>(
       new DaytonaSandbox(this, dto.id, std::move(toolbox), spec.language, spec));
+}
+
+// ---- warm pools --------------------------------------------------------------
+
+bool DaytonaProvider::CanClaim(const SandboxSpec& member, const SandboxSpec& session) const {
+  auto snapshot_of = [this](const SandboxSpec& s) {
+    return s.template_name.empty() ? config_.snapshot : s.template_name;
+  };
+  return session.pool.empty() && session.resources.empty() &&
+         snapshot_of(member) == snapshot_of(session) &&
+         LanguageLabel(member.language) == LanguageLabel(session.language);
+}
+
+absl::StatusOr<std::unique_ptr<Sandbox>> DaytonaProvider::Claim(Sandbox* member,
+                                                                const SandboxSpec& session) {
+  auto* m = dynamic_cast<DaytonaSandbox*>(member);
+  if (m == nullptr) return absl::InvalidArgumentError("daytona: not a daytona sandbox");
+  // The session's labels replace the pool's (as the SDK's setLabels).
+  ASSIGN_OR_RETURN(HttpResponse resp, Api("PUT", absl::StrCat("/sandbox/", m->id(), "/labels"),
+                                          nlohmann::json({{"labels", LabelsOf(session)}}).dump()));
+  if (resp.status == 404) {
+    return SandboxGoneError(absl::StrCat("daytona: sandbox ", m->id(), " no longer exists"));
+  }
+  if (resp.status / 100 != 2) return daytona::HttpError("replace labels", resp.status, resp.body);
+  // The session's dead-man's switch instead of the pool's longer one.
+  ASSIGN_OR_RETURN(
+      resp,
+      Api("POST", absl::StrCat("/sandbox/", m->id(), "/autostop/", config_.auto_stop_minutes), ""));
+  if (resp.status == 404) {
+    return SandboxGoneError(absl::StrCat("daytona: sandbox ", m->id(), " no longer exists"));
+  }
+  if (resp.status / 100 != 2) return daytona::HttpError("set auto-stop", resp.status, resp.body);
+  auto claimed =
+      std::make_unique<DaytonaSandbox>(this, m->id(), m->toolbox(), session.language, session);
+  m->Detach();
+  return std::unique_ptr<Sandbox>(std::move(claimed));
 }
 
 // ---- durable sessions ------------------------------------------------------

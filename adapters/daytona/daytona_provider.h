@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "adapters/api/pool_config.h"
 #include "adapters/api/provider.h"
 #include "adapters/http/http_client.h"
 #include "nlohmann/json.hpp"
@@ -28,6 +29,8 @@ struct DaytonaConfig {
   // rounded up; delete at once on stop.
   int64_t auto_stop_minutes = 0;
   int64_t auto_delete_minutes = 0;
+  // A warm pool (server/warm_pool.h); size 0 = none.
+  PoolConfig pool;
 };
 
 // Reads providers.daytona. INVALID_ARGUMENT naming the key for bad values;
@@ -54,6 +57,13 @@ class DaytonaProvider final : public Provider {
   absl::StatusOr<std::unique_ptr<Sandbox>> Attach(const std::string& sandbox_id,
                                                   const SandboxSpec& spec) override;
   absl::StatusOr<std::vector<OwnedSandbox>> ListOwned(const std::string& deployment_id) override;
+  // Warm pools: a member serves a session that asks for its snapshot, its
+  // language (python; fixed at creation) and no resources (env is applied
+  // to each run). A claim replaces its labels with the session's (so the
+  // attempt tag resolves it after a crash) and sets the session's auto-stop.
+  bool CanClaim(const SandboxSpec& member, const SandboxSpec& session) const override;
+  absl::StatusOr<std::unique_ptr<Sandbox>> Claim(Sandbox* member,
+                                                 const SandboxSpec& session) override;
 
   const DaytonaConfig& config() const { return config_; }
   HttpClient* http() { return http_.get(); }
@@ -68,6 +78,8 @@ class DaytonaProvider final : public Provider {
  private:
   explicit DaytonaProvider(DaytonaConfig config);
   absl::Status DeleteSandbox(const std::string& id);
+  // The labels a sandbox for `spec` carries.
+  std::map<std::string, std::string> LabelsOf(const SandboxSpec& spec) const;
 
   const DaytonaConfig config_;
   std::shared_ptr<HttpClient> http_;

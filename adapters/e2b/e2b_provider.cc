@@ -1,5 +1,6 @@
 #include "adapters/e2b/e2b_provider.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "absl/strings/ascii.h"
@@ -39,6 +40,9 @@ class E2BSandbox final : public Sandbox {
   ~E2BSandbox() override { (void)Destroy(); }
 
   const std::string& id() const override { return info_.sandbox_id; }
+  const e2b::SandboxInfo& info() const { return info_; }
+  // A claimed pool member's timeout becomes a session's.
+  absl::Status SetTimeout(int64_t seconds) { return SetTtl(seconds); }
 
   // One run's state, shared by the transfer's callbacks.
   struct RunState {
@@ -302,7 +306,6 @@ class E2BSandbox final : public Sandbox {
     return absl::OkStatus();
   }
 
-  // Makes E2B's timeout for this sandbox at least `needed` from now.
   // Whether the sandbox's E2B timeout already covers `needed` (then
   // EnsureTtl makes no call).
   bool TtlCovers(absl::Duration needed) {
@@ -310,13 +313,9 @@ class E2BSandbox final : public Sandbox {
     return ttl_deadline_ - Clock::Real()->Monotonic() >= needed;
   }
 
-  absl::Status EnsureTtl(absl::Duration needed) {
+  // Sets E2B's timeout for this sandbox to `seconds` from now.
+  absl::Status SetTtl(int64_t seconds) {
     const absl::Time now = Clock::Real()->Monotonic();
-    {
-      absl::MutexLock l(&mu_);
-      if (ttl_deadline_ - now >= needed) return absl::OkStatus();
-    }
-    const int64_t seconds = absl::ToInt64Seconds(needed + absl::Seconds(59));
     auto resp = provider_->ControlRequest("POST", absl::StrCat("/sandboxes/", id(), "/timeout"),
                                           absl::StrCat("{\"timeout\":", seconds, "}"));
     if (!resp.ok()) return resp.status();
@@ -327,6 +326,16 @@ class E2BSandbox final : public Sandbox {
     absl::MutexLock l(&mu_);
     ttl_deadline_ = now + absl::Seconds(seconds);
     return absl::OkStatus();
+  }
+
+  // Makes E2B's timeout for this sandbox at least `needed` from now.
+  absl::Status EnsureTtl(absl::Duration needed) {
+    const absl::Time now = Clock::Real()->Monotonic();
+    {
+      absl::MutexLock l(&mu_);
+      if (ttl_deadline_ - now >= needed) return absl::OkStatus();
+    }
+    return SetTtl(absl::ToInt64Seconds(needed + absl::Seconds(59)));
   }
 
   absl::Status Upload(const std::string& path, const std::string& data, absl::string_view op) {
@@ -392,7 +401,9 @@ absl::StatusOr<E2BConfig> ParseE2BConfig(const nlohmann::json& json,
   c.sandbox_timeout_seconds =
       r.Int("sandbox_timeout_seconds", broker_idle_timeout_seconds + 60, 10, 86400);
   c.retries = static_cast<int>(r.Int("retries", 3, 0, 10));
+  const absl::Status pool = ReadPoolConfig(r, &c.pool);
   RETURN_IF_ERROR(r.Finish());
+  RETURN_IF_ERROR(pool);
   if (c.api_url.empty()) c.api_url = absl::StrCat("https://api.", c.domain);
   while (!c.api_url.empty() && c.api_url.back() == '/') c.api_url.pop_back();
   while (!c.sandbox_url.empty() && c.sandbox_url.back() == '/') c.sandbox_url.pop_back();
@@ -467,8 +478,15 @@ absl::StatusOr<std::unique_ptr<Sandbox>> E2BProvider::Create(const SandboxSpec& 
         "by its template (build a template with the size you need and pass it as spec.template)");
   }
   std::map<std::string, std::string> metadata = spec.labels;
-  metadata["sandbox-broker.tenant"] = spec.tenant;
-  metadata["sandbox-broker.session-id"] = spec.session_id;
+  int64_t timeout = config_.sandbox_timeout_seconds;
+  if (spec.pool.empty()) {
+    metadata["sandbox-broker.tenant"] = spec.tenant;
+    metadata["sandbox-broker.session-id"] = spec.session_id;
+  } else {
+    // A pool member: alive unused until it is claimed or replaced.
+    metadata[kPoolTag] = spec.pool;
+    timeout = std::max(timeout, absl::ToInt64Seconds(spec.keep_unclaimed) + 60);
+  }
   metadata["sandbox-broker.instance-id"] = spec.broker_instance_id;
   if (!spec.deployment_id.empty()) {
     metadata[kDeploymentTag] = spec.deployment_id;
@@ -476,13 +494,34 @@ absl::StatusOr<std::unique_ptr<Sandbox>> E2BProvider::Create(const SandboxSpec& 
   }
   const std::string template_id =
       spec.template_name.empty() ? config_.template_id : spec.template_name;
-  const std::string body =
-      e2b::CreateSandboxBody(template_id, config_.sandbox_timeout_seconds, metadata, spec.env);
+  const std::string body = e2b::CreateSandboxBody(template_id, timeout, metadata, spec.env);
   ASSIGN_OR_RETURN(HttpResponse resp, ControlRequest("POST", "/v2/sandboxes", body));
   if (resp.status / 100 != 2) return e2b::HttpError("create sandbox", resp.status, resp.body);
   ASSIGN_OR_RETURN(e2b::SandboxInfo info, e2b::ParseSandbox(resp.body));
-  return std::unique_ptr<Sandbox>(
-      new E2BSandbox(this, std::move(info), spec, config_.sandbox_timeout_seconds));
+  return std::unique_ptr<Sandbox>(new E2BSandbox(this, std::move(info), spec, timeout));
+}
+
+// ---- warm pools --------------------------------------------------------------
+
+bool E2BProvider::CanClaim(const SandboxSpec& member, const SandboxSpec& session) const {
+  auto template_of = [this](const SandboxSpec& s) {
+    return s.template_name.empty() ? config_.template_id : s.template_name;
+  };
+  return session.pool.empty() && session.resources.empty() &&
+         template_of(member) == template_of(session);
+}
+
+absl::StatusOr<std::unique_ptr<Sandbox>> E2BProvider::Claim(Sandbox* member,
+                                                            const SandboxSpec& session) {
+  auto* m = dynamic_cast<E2BSandbox*>(member);
+  if (m == nullptr) return absl::InvalidArgumentError("e2b: not an e2b sandbox");
+  // The session's dead-man's switch instead of the pool's longer one. The
+  // metadata stays (E2B has no call to change it after create).
+  RETURN_IF_ERROR(m->SetTimeout(config_.sandbox_timeout_seconds));
+  auto claimed =
+      std::make_unique<E2BSandbox>(this, m->info(), session, config_.sandbox_timeout_seconds);
+  m->Detach();
+  return std::unique_ptr<Sandbox>(std::move(claimed));
 }
 
 // ---- durable sessions ------------------------------------------------------

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "adapters/api/pool_config.h"
 #include "adapters/api/provider.h"
 #include "adapters/http/http_client.h"
 #include "nlohmann/json.hpp"
@@ -24,6 +25,8 @@ struct E2BConfig {
   // plus 60 s; extended while the session is active.
   int64_t sandbox_timeout_seconds = 0;
   int retries = 3;  // 429 + Retry-After retries of control-plane calls
+  // A warm pool (server/warm_pool.h); size 0 = none.
+  PoolConfig pool;
 };
 
 // Reads providers.e2b. INVALID_ARGUMENT naming the key for bad values;
@@ -50,6 +53,13 @@ class E2BProvider final : public Provider {
   absl::StatusOr<std::unique_ptr<Sandbox>> Attach(const std::string& sandbox_id,
                                                   const SandboxSpec& spec) override;
   absl::StatusOr<std::vector<OwnedSandbox>> ListOwned(const std::string& deployment_id) override;
+  // Warm pools: a member serves a session that asks for its template and no
+  // resources (env is applied to each run). A claim sets the session's
+  // timeout; E2B's metadata is fixed at create, so a claimed member keeps
+  // its pool tags and the claim is known only from the session store.
+  bool CanClaim(const SandboxSpec& member, const SandboxSpec& session) const override;
+  absl::StatusOr<std::unique_ptr<Sandbox>> Claim(Sandbox* member,
+                                                 const SandboxSpec& session) override;
 
   HttpClient* http() { return http_.get(); }
   const E2BConfig& config() const { return config_; }

@@ -272,6 +272,7 @@ class FakeDaytona::Impl {
 
     server_.Post("/api/sandbox", [this](const Request& req, Response& res) {
       if (Fault(res, true) || !Auth(req, res)) return;
+      Faults::CreateScope in_flight(&faults_);
       json body = json::parse(req.body, nullptr, false);
       if (body.is_discarded() || !body.is_object())
         return ApiError(res, 400, "body must be a JSON object");
@@ -389,6 +390,28 @@ class FakeDaytona::Impl {
         Reply(res, 200, Dto(*b));
       };
     };
+    // Replace labels (the SDK's setLabels): the whole set, answered as
+    // SandboxLabelsDto.
+    server_.Put(R"(/api/sandbox/([^/]+)/labels)", [this](const Request& req, Response& res) {
+      if (Fault(res, true) || !Auth(req, res)) return;
+      json body = json::parse(req.body, nullptr, false);
+      if (body.is_discarded() || !body.is_object() || !body.contains("labels") ||
+          !body["labels"].is_object()) {
+        return ApiError(res, 400, "labels must be an object");
+      }
+      std::map<std::string, std::string> labels;
+      for (auto it = body["labels"].begin(); it != body["labels"].end(); ++it) {
+        if (!it.value().is_string()) return ApiError(res, 400, "label values must be strings");
+        labels[it.key()] = it.value().get<std::string>();
+      }
+      auto b = Find(req.matches[1]);
+      if (!b) return ApiError(res, 404, "Sandbox not found");
+      {
+        absl::MutexLock l(&mu_);
+        b->labels = labels;
+      }
+      Reply(res, 200, {{"labels", labels}});
+    });
     server_.Post(R"(/api/sandbox/([^/]+)/autostop/(-?\d+))", interval("autostop"));
     server_.Post(R"(/api/sandbox/([^/]+)/autodelete/(-?\d+))", interval("autodelete"));
     server_.Post(R"(/api/sandbox/([^/]+)/last-activity)",

@@ -290,6 +290,7 @@ class FakeE2B::Impl {
 
   void CreateSandbox(const httplib::Request& req, httplib::Response& res, int64_t default_timeout) {
     if (Fault(req, res, true) || !CheckApiKey(req, res)) return;
+    Faults::CreateScope in_flight(&faults_);
     json body = json::parse(req.body, nullptr, false);
     if (body.is_discarded() || !body.is_object() || !body.contains("templateID") ||
         !body["templateID"].is_string()) {

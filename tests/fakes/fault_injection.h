@@ -29,6 +29,26 @@ struct Faults {
   // Sandboxes created and deleted (by a DELETE) so far.
   std::atomic<int64_t> creates{0};
   std::atomic<int64_t> deletes{0};
+  // Create requests being handled now, and the most at once so far.
+  std::atomic<int> creates_in_flight{0};
+  std::atomic<int> max_creates_in_flight{0};
+
+  // Counts one create request as in flight while it lives.
+  class CreateScope {
+   public:
+    explicit CreateScope(Faults* f) : f_(f) {
+      const int n = ++f_->creates_in_flight;
+      int m = f_->max_creates_in_flight.load();
+      while (n > m && !f_->max_creates_in_flight.compare_exchange_weak(m, n)) {
+      }
+    }
+    ~CreateScope() { --f_->creates_in_flight; }
+    CreateScope(const CreateScope&) = delete;
+    CreateScope& operator=(const CreateScope&) = delete;
+
+   private:
+    Faults* const f_;
+  };
 
   // Sets the switches named in a JSON object (POST /_fake/faults). False,
   // with `error`, for anything else.
@@ -113,7 +133,8 @@ struct Faults {
 };
 
 // The fakes' test-control endpoints (never part of a provider's API):
-//   GET  /_fake/stats   {"creates": N, "deletes": N, "live": N, "requests": N}
+//   GET  /_fake/stats   {"creates": N, "deletes": N, "live": N, "requests": N,
+//                        "creates_in_flight": N, "max_creates_in_flight": N}
 //   POST /_fake/faults  a JSON object of any Faults switches
 inline void AddFakeControlRoutes(httplib::Server& server, Faults& faults,
                                  std::function<int64_t()> live) {
@@ -121,7 +142,9 @@ inline void AddFakeControlRoutes(httplib::Server& server, Faults& faults,
     nlohmann::json j = {{"creates", faults.creates.load()},
                         {"deletes", faults.deletes.load()},
                         {"live", live()},
-                        {"requests", faults.requests.load()}};
+                        {"requests", faults.requests.load()},
+                        {"creates_in_flight", faults.creates_in_flight.load()},
+                        {"max_creates_in_flight", faults.max_creates_in_flight.load()}};
     res.set_content(j.dump(), "application/json");
   });
   server.Post("/_fake/faults", [&faults](const httplib::Request& req, httplib::Response& res) {
