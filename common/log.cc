@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <thread>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -15,6 +17,8 @@ std::atomic<int> g_min_level{static_cast<int>(LogLevel::kInfo)};
 
 struct LogState {
   absl::Mutex mu;
+  std::string buffer ABSL_GUARDED_BY(mu);  // lines not yet written
+  bool flusher ABSL_GUARDED_BY(mu) = false;
   bool json ABSL_GUARDED_BY(mu) = false;
   LogLevel min_level ABSL_GUARDED_BY(mu) = LogLevel::kInfo;
   std::function<void(absl::string_view)> sink ABSL_GUARDED_BY(mu);
@@ -23,6 +27,29 @@ struct LogState {
 LogState& State() {
   static LogState* s = new LogState();
   return *s;
+}
+
+void WriteLocked(LogState& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  if (s.buffer.empty()) return;
+  fwrite(s.buffer.data(), 1, s.buffer.size(), stderr);
+  fflush(stderr);
+  s.buffer.clear();
+}
+
+// "2026-12-01T11:33:10.683Z" for now; the seconds part is formatted once a
+// second per thread.
+std::string Timestamp() {
+  thread_local int64_t cached_second = -1;
+  thread_local std::string cached;
+  const int64_t ms = absl::ToUnixMillis(absl::Now());
+  const int64_t sec = ms / 1000;
+  if (sec != cached_second) {
+    cached_second = sec;
+    cached = absl::FormatTime("%Y-%m-%dT%H:%M:%S", absl::FromUnixSeconds(sec), absl::UTCTimeZone());
+  }
+  char frac[8];
+  snprintf(frac, sizeof(frac), ".%03dZ", static_cast<int>(ms % 1000));
+  return cached + frac;
 }
 
 const char* LevelName(LogLevel l) {
@@ -55,12 +82,15 @@ bool LogEnabled(LogLevel level) { return static_cast<int>(level) >= g_min_level.
 void Log(LogLevel level, absl::string_view event, std::initializer_list<LogField> fields) {
   if (!LogEnabled(level)) return;
   LogState& s = State();
-  absl::MutexLock lock(&s.mu);
-  if (level < s.min_level) return;
+  bool json;
+  {
+    absl::MutexLock lock(&s.mu);
+    json = s.json;
+  }
   // The log's own timestamp is wall time by nature; it is not used for logic.
-  const std::string ts = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone());
+  const std::string ts = Timestamp();
   std::string line;
-  if (s.json) {
+  if (json) {
     nlohmann::json j;
     j["ts"] = ts;
     j["level"] = LevelName(level);
@@ -79,13 +109,36 @@ void Log(LogLevel level, absl::string_view event, std::initializer_list<LogField
       }
     }
   }
+  absl::MutexLock lock(&s.mu);
+  if (level < s.min_level) return;
   if (s.sink) {
     s.sink(line);
-  } else {
-    line.push_back('\n');
-    fwrite(line.data(), 1, line.size(), stderr);
-    fflush(stderr);
+    return;
   }
+  line.push_back('\n');
+  s.buffer.append(line);
+  if (level >= LogLevel::kWarning || s.buffer.size() >= 64 * 1024) {
+    WriteLocked(s);
+    return;
+  }
+  if (!s.flusher) {
+    s.flusher = true;
+    std::atexit([] { FlushLogs(); });
+    std::thread([] {
+      LogState& st = State();
+      for (;;) {
+        absl::SleepFor(absl::Milliseconds(100));
+        absl::MutexLock l(&st.mu);
+        WriteLocked(st);
+      }
+    }).detach();
+  }
+}
+
+void FlushLogs() {
+  LogState& s = State();
+  absl::MutexLock lock(&s.mu);
+  WriteLocked(s);
 }
 
 void SetLogJson(bool json) {
@@ -101,6 +154,7 @@ void SetLogLevel(LogLevel min_level) {
 
 void SetLogSink(std::function<void(absl::string_view)> sink) {
   absl::MutexLock lock(&State().mu);
+  WriteLocked(State());
   State().sink = std::move(sink);
 }
 

@@ -38,7 +38,7 @@ struct BrokerConfig {
   // RESOURCE_EXHAUSTED naming the limit. 0 = unlimited.
   struct Limits {
     int64_t max_calls_in_flight = 20000;          // whole broker
-    int64_t max_concurrent_runs_per_tenant = 2000;  // Run, Shell, RunStream
+    int64_t max_concurrent_runs_per_tenant = 10000;  // Run, Shell, RunStream
     int64_t max_queued_calls = 10000;             // per limit
     int64_t queue_timeout_ms = 5000;
   } limits;

@@ -115,6 +115,7 @@ int main(int argc, char** argv) {
   std::thread([sigs]() mutable {
     int s2 = 0;
     sigwait(&sigs, &s2);
+    FlushLogs();
     _exit(1);
   }).detach();
   (*server)->Drain();
