@@ -49,15 +49,13 @@ else
   cmake --build "$dir" -j"${JOBS:-2}" --target broker_tests sandbox-brokerd
   built=$(date +%s)
   echo "sanitize-test: $kind build took $((built - start)) s ($(cpu_seconds) CPU s so far)" >&2
-  # Every broker_tests case (under 2 minutes), which includes the core: the
-  # session table, single-flight creation, reaper, close races, streaming
-  # and cancellation, through the real gRPC server. TSAN_FILTER=core runs
-  # just those.
+  # Every broker_tests case, which includes the core: the session table,
+  # single-flight creation, reaper, close races, streaming and
+  # cancellation, through the real gRPC server, and the crash suite (real
+  # daemons and TSan-built fake provider servers as processes, killed with
+  # SIGKILL). TSAN_FILTER=core runs just the core.
   core='SessionManager*:BrokerTest.ConcurrentFirstCallsShareOneSandbox:BrokerTest.ARunningCallIsNeverReaped:BrokerTest.IdleSessionsAreReapedAndTheirSandboxDestroyed:AgentApiTest.Stream*:AgentApiTest.Cancelling*:BadInput*:Hardening*'
-  # The crash suite (Providers/CrashTest.*: real daemons and fake provider
-  # servers killed with SIGKILL) is left to the main and ASan suites: under
-  # TSan the TSan-built fake servers abort mid-suite (not yet diagnosed).
-  filter="${TSAN_FILTER:-*:-Providers/CrashTest.*}"
+  filter="${TSAN_FILTER:-*}"
   [ "$filter" = core ] && filter="$core"
   "$dir/broker_tests" --gtest_filter="$filter" "$@"
 fi

@@ -49,6 +49,8 @@ struct Faults {
    private:
     Faults* const f_;
   };
+  // Responses cut by drop_next so far.
+  std::atomic<int64_t> dropped{0};
 
   // Sets the switches named in a JSON object (POST /_fake/faults). False,
   // with `error`, for anything else.
@@ -101,6 +103,7 @@ struct Faults {
     const int64_t n = ++requests;
     if (int ms = latency_ms.load(); ms > 0) absl::SleepFor(absl::Milliseconds(ms));
     if (TakeOne(drop_next)) {
+      ++dropped;
       // Headers, then the connection is cut before the promised body.
       res.set_content_provider(1024, "application/json",
                                [](size_t, size_t, httplib::DataSink&) { return false; });
@@ -133,14 +136,16 @@ struct Faults {
 };
 
 // The fakes' test-control endpoints (never part of a provider's API):
-//   GET  /_fake/stats   {"creates": N, "deletes": N, "live": N, "requests": N,
-//                        "creates_in_flight": N, "max_creates_in_flight": N}
+//   GET  /_fake/stats   {"creates": N, "deletes": N, "dropped": N, "live": N,
+//                        "requests": N, "creates_in_flight": N,
+//                        "max_creates_in_flight": N}
 //   POST /_fake/faults  a JSON object of any Faults switches
 inline void AddFakeControlRoutes(httplib::Server& server, Faults& faults,
                                  std::function<int64_t()> live) {
   server.Get("/_fake/stats", [&faults, live](const httplib::Request&, httplib::Response& res) {
     nlohmann::json j = {{"creates", faults.creates.load()},
                         {"deletes", faults.deletes.load()},
+                        {"dropped", faults.dropped.load()},
                         {"live", live()},
                         {"requests", faults.requests.load()},
                         {"creates_in_flight", faults.creates_in_flight.load()},

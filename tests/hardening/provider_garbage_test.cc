@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "tests/testing/broker_fixture.h"
 
@@ -53,8 +54,16 @@ class GarbageServer {
  public:
   GarbageServer() {
     auto handler = [this](const httplib::Request& req, httplib::Response& res) {
-      if (!good_prefix_.empty() && absl::StartsWith(req.path, good_prefix_)) {
-        res.set_content(good_body_, "application/json");
+      std::string prefix, body;
+      {
+        // The broker probes this server as soon as it starts, while the
+        // test body may still be calling Good().
+        absl::MutexLock l(&good_mu_);
+        prefix = good_prefix_;
+        body = good_body_;
+      }
+      if (!prefix.empty() && absl::StartsWith(req.path, prefix)) {
+        res.set_content(body, "application/json");
         return;
       }
       Answer(res);
@@ -75,6 +84,7 @@ class GarbageServer {
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   void Set(Garbage g) { mode_ = g; }
   void Good(std::string prefix, std::string body) {
+    absl::MutexLock l(&good_mu_);
     good_prefix_ = std::move(prefix);
     good_body_ = std::move(body);
   }
@@ -132,7 +142,8 @@ class GarbageServer {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<Garbage> mode_{Garbage::kTruncated};
-  std::string good_prefix_, good_body_;
+  absl::Mutex good_mu_;
+  std::string good_prefix_ ABSL_GUARDED_BY(good_mu_), good_body_ ABSL_GUARDED_BY(good_mu_);
 };
 
 constexpr int kRequestTimeoutSeconds = 2;

@@ -11,10 +11,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -80,10 +82,29 @@ class Proc {
   }
   ~Proc() { Kill9(); }
   void Kill9() {
-    if (pid_ <= 0) return;
+    if (Exited() || pid_ <= 0) return;
     kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);
     pid_ = -1;
+  }
+  // True once the child has ended on its own (not by Kill9 or Term): a
+  // sanitizer report, a crash, a failed start. Reaps it.
+  bool Exited() {
+    if (pid_ > 0) {
+      int st = 0;
+      if (waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        exited_ = true;
+        status_ = st;
+      }
+    }
+    return exited_;
+  }
+  // "exit 66" or "signal 6", once Exited().
+  std::string ExitStatus() const {
+    if (!exited_) return "running";
+    return WIFSIGNALED(status_) ? absl::StrCat("signal ", WTERMSIG(status_))
+                                : absl::StrCat("exit ", WEXITSTATUS(status_));
   }
   // SIGTERM, then wait for the exit; the exit status.
   int Term() {
@@ -98,6 +119,8 @@ class Proc {
 
  private:
   pid_t pid_ = -1;
+  bool exited_ = false;
+  int status_ = 0;
   std::string out_, err_;
 };
 
@@ -111,8 +134,39 @@ class CrashTest : public ::testing::TestWithParam<std::string> {
     if (provider_ != "local") StartFake();
   }
   void TearDown() override {
-    broker_.reset();
+    // A fake provider server that ended by itself mid-test (a sanitizer
+    // report aborts it, halt_on_error=1) fails the test with its stderr,
+    // which would otherwise go with the temp dir. So does its stderr when
+    // the test failed for another reason.
+    if (fake_ != nullptr && (fake_->Exited() || HasFailure())) {
+      const std::string err = ReadAll(fake_->err());
+      if (fake_->Exited()) {
+        ADD_FAILURE() << "the fake " << provider_ << " server ended mid-test ("
+                      << fake_->ExitStatus() << "); its stderr:\n"
+                      << err;
+      } else if (!err.empty()) {
+        std::fprintf(stderr, "---- fake %s server stderr ----\n%s\n", provider_.c_str(),
+                     err.c_str());
+      }
+    }
+    if (broker_ != nullptr && broker_->Exited()) {
+      ADD_FAILURE() << "sandbox-brokerd ended by itself (" << broker_->ExitStatus()
+                    << "); its stderr:\n"
+                    << BrokerLog();
+    }
+    broker_.reset();  // ends any call still running in the background
+    JoinBackground();
     fake_.reset();
+  }
+
+  // Runs `call` (an RPC the broker is killed under) on a thread that
+  // JoinBackground, or TearDown after killing the broker, joins: a fatal
+  // assertion in the test body never leaves a joinable std::thread behind
+  // (std::terminate, which ends the whole binary).
+  void InBackground(std::function<void()> call) { background_.emplace_back(std::move(call)); }
+  void JoinBackground() {
+    for (auto& t : background_) t.join();
+    background_.clear();
   }
 
   void StartFake() {
@@ -159,6 +213,11 @@ class CrashTest : public ::testing::TestWithParam<std::string> {
 
   // Starts sandbox-brokerd and waits until it serves.
   void StartBroker(const std::string& extra = "{}") {
+    if (broker_ != nullptr && broker_->Exited()) {
+      ADD_FAILURE() << "sandbox-brokerd ended by itself before it was killed ("
+                    << broker_->ExitStatus() << "); its stderr:\n"
+                    << BrokerLog();
+    }
     const std::string cfg = absl::StrCat(dir_.path(), "/broker-", ++starts_, ".json");
     std::ofstream(cfg) << Config(extra).dump();
     const std::string err = absl::StrCat(dir_.path(), "/broker-", starts_, ".err");
@@ -302,6 +361,7 @@ class CrashTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<pb::SandboxBroker::Stub> stub_;
   HttpClient http_{"crash-test"};
   int starts_ = 0;
+  std::vector<std::thread> background_;
 };
 
 // kill -9 with sessions at rest: every session comes back with its sandbox
@@ -356,13 +416,13 @@ TEST_P(CrashTest, KilledMidRunRetryIsAbortedFilesSurvive) {
   ASSERT_TRUE(WriteOk("r", "f.txt", "before"));
   const std::string id = Info("r")->sandbox_id();
   const std::string cmd = "echo x >> runs.txt; sleep 30";
-  std::thread run([&] {
+  InBackground([this, cmd] {
     pb::RunResult out;
     EXPECT_FALSE(Shell("r", cmd, "run-1", &out).ok());  // the broker dies under it
   });
   ASSERT_TRUE(WaitFor([&] { return Read("r", "runs.txt") == "x\n"; }));
   broker_->Kill9();
-  run.join();
+  JoinBackground();
   StartBroker();
   pb::RunResult out;
   grpc::Status retry = Shell("r", cmd, "run-1", &out);
@@ -391,12 +451,13 @@ TEST_P(CrashTest, KilledAfterIntentWrite) {
   StartBroker();
   const int64_t before = Stats()["requests"];
   Faults({{"latency_ms", 1500}, {"drop_next", 1}});  // the create sleeps, then is dropped
-  std::thread call([&] { EXPECT_FALSE(Write("i", "f.txt", "x").ok()); });
+  InBackground([this] { EXPECT_FALSE(Write("i", "f.txt", "x").ok()); });
   ASSERT_TRUE(WaitFor([&] { return Stats()["requests"] > before; }));
   broker_->Kill9();  // intent written (it precedes the create request), nothing created
-  call.join();
+  JoinBackground();
   Faults({{"latency_ms", 0}});
-  absl::SleepFor(absl::Milliseconds(1700));  // the fake finishes the injected delay
+  // The fake finishes the injected delay and cuts the response.
+  EXPECT_TRUE(WaitFor([&] { return Stats()["dropped"] == 1; })) << Stats().dump();
   Faults({{"drop_next", 0}});
   EXPECT_EQ(Stats()["creates"], 0);
   StartBroker();
@@ -413,10 +474,10 @@ TEST_P(CrashTest, KilledBetweenCreateAndReadyWrite) {
   if (provider_ == "local") GTEST_SKIP() << "no window to widen without a fake";
   StartBroker();
   Faults({{"create_latency_ms", 1500}});
-  std::thread call([&] { EXPECT_FALSE(Write("w", "f.txt", "x").ok()); });
+  InBackground([this] { EXPECT_FALSE(Write("w", "f.txt", "x").ok()); });
   ASSERT_TRUE(WaitFor([&] { return Stats()["creates"] == 1; }));
   broker_->Kill9();  // the sandbox exists; the broker never heard back
-  call.join();
+  JoinBackground();
   Faults({{"create_latency_ms", 0}});
   StartBroker();
   ASSERT_TRUE(WriteOk("w", "f.txt", "x"));
@@ -436,12 +497,13 @@ TEST_P(CrashTest, KilledMidClose) {
   ASSERT_TRUE(WriteOk("c", "f.txt", "x"));
   const int64_t before = Stats()["requests"];
   Faults({{"latency_ms", 1500}, {"drop_next", 1}});  // the delete sleeps, then is dropped
-  std::thread call([&] { EXPECT_FALSE(Close("c").ok()); });
+  InBackground([this] { EXPECT_FALSE(Close("c").ok()); });
   ASSERT_TRUE(WaitFor([&] { return Stats()["requests"] > before; }));
   broker_->Kill9();
-  call.join();
+  JoinBackground();
   Faults({{"latency_ms", 0}});
-  absl::SleepFor(absl::Milliseconds(1700));
+  // The fake finishes the injected delay and cuts the response.
+  EXPECT_TRUE(WaitFor([&] { return Stats()["dropped"] == 1; })) << Stats().dump();
   Faults({{"drop_next", 0}});
   EXPECT_EQ(Live(), 1);  // the provider never got the delete
   StartBroker();
