@@ -14,6 +14,7 @@
 #include "adapters/daytona/daytona_wire.h"
 #include "common/clock.h"
 #include "common/config_reader.h"
+#include "common/event_loop.h"
 #include "common/status_macros.h"
 #include "common/text.h"
 #include "nlohmann/json.hpp"
@@ -46,6 +47,36 @@ class DaytonaSandbox final : public Sandbox {
 
   absl::StatusOr<ExecResult> Exec(const ExecRequest& request) override {
     RETURN_IF_ERROR(CheckOpen());
+    ASSIGN_OR_RETURN(HttpRequest http, RunRequest(request));
+    // Best effort: the request that follows reports any other failure;
+    // a sandbox Daytona no longer has is reported now.
+    if (absl::Status s = RefreshActivity(false); IsSandboxGone(s)) return s;
+    return RunResult(provider_->Send(std::move(http)), request.max_output_bytes,
+                     request.on_output);
+  }
+
+  // One toolbox request, answered once at the end: sent on the HTTP
+  // client's multi handle, so no thread waits for it. The activity refresh
+  // (when due) goes alongside, unawaited: a vanished sandbox is reported by
+  // the run's own 404/410.
+  void ExecAsync(ExecRequest request, ExecDone done) override {
+    if (absl::Status s = CheckOpen(); !s.ok()) return done(s);
+    absl::StatusOr<HttpRequest> http = RunRequest(request);
+    if (!http.ok()) return done(http.status());
+    if (ActivityDue()) {
+      provider_->SendAsync(
+          provider_->ApiRequest("POST", absl::StrCat("/sandbox/", id_, "/last-activity"), "{}"),
+          [](absl::StatusOr<HttpResponse>) {});
+    }
+    const size_t max_output = request.max_output_bytes;
+    auto on_output = request.on_output;
+    provider_->SendAsync(std::move(*http),
+                         [this, max_output, on_output, done](absl::StatusOr<HttpResponse> resp) {
+                           done(RunResult(std::move(resp), max_output, on_output));
+                         });
+  }
+
+  absl::StatusOr<HttpRequest> RunRequest(const ExecRequest& request) {
     std::map<std::string, std::string> envs = env_;
     for (const auto& [k, v] : request.env) envs[k] = v;
     const int64_t timeout_s = std::max<int64_t>(
@@ -69,9 +100,6 @@ class DaytonaSandbox final : public Sandbox {
       path = "/process/code-run";
       body = daytona::CodeRunBody(request.code, LanguageLabel(language_), envs, timeout_s);
     }
-    // Best effort: the request that follows reports any other failure;
-    // a sandbox Daytona no longer has is reported now.
-    if (absl::Status s = RefreshActivity(false); IsSandboxGone(s)) return s;
     HttpRequest http;
     http.method = "POST";
     http.url = absl::StrCat(toolbox_, path);
@@ -80,7 +108,12 @@ class DaytonaSandbox final : public Sandbox {
     // The daemon enforces the timeout; the HTTP deadline allows for it.
     http.timeout = absl::Seconds(timeout_s + 5 + provider_->config().request_timeout_seconds);
     http.cancelled = request.cancelled;
-    absl::StatusOr<HttpResponse> resp = provider_->Send(std::move(http));
+    return http;
+  }
+
+  absl::StatusOr<ExecResult> RunResult(absl::StatusOr<HttpResponse> resp, size_t max_output,
+                                       const std::function<void(OutputStream, absl::string_view)>&
+                                           on_output) {
     ExecResult r;
     if (!resp.ok()) {
       if (resp.status().code() == absl::StatusCode::kCancelled) {
@@ -100,7 +133,7 @@ class DaytonaSandbox final : public Sandbox {
     if (resp->status != 200) return daytona::HttpError("run", resp->status, resp->body);
     ASSIGN_OR_RETURN(daytona::ExecuteResult er, daytona::ParseExecuteResult(resp->body));
     // Daytona answers once, at the end: one chunk, then the result.
-    OutputCollector collector(request.max_output_bytes, request.on_output);
+    OutputCollector collector(max_output, on_output);
     collector.Append(OutputStream::kStdout, er.result);
     r.truncated = collector.truncated();
     r.output = collector.Take();
@@ -200,6 +233,15 @@ class DaytonaSandbox final : public Sandbox {
 
   // Tells Daytona the sandbox is in use (its auto-stop timer counts from
   // the last activity). At most every kActivityEvery unless forced.
+  // Whether an activity refresh is due; if so, it counts as sent now.
+  bool ActivityDue() {
+    const absl::Time now = Clock::Real()->Monotonic();
+    absl::MutexLock l(&mu_);
+    if (now - last_activity_ < kActivityEvery) return false;
+    last_activity_ = now;
+    return true;
+  }
+
   absl::Status RefreshActivity(bool force) {
     const absl::Time now = Clock::Real()->Monotonic();
     {
@@ -289,9 +331,8 @@ absl::Status DaytonaProvider::CheckHealth() {
   return daytona::HttpError("health probe (list sandboxes)", resp->status, resp->body);
 }
 
-absl::StatusOr<HttpResponse> DaytonaProvider::Api(const std::string& method,
-                                                  const std::string& path,
-                                                  const std::string& body) {
+HttpRequest DaytonaProvider::ApiRequest(const std::string& method, const std::string& path,
+                                        const std::string& body) const {
   HttpRequest http;
   http.method = method;
   http.url = absl::StrCat(config_.api_url, path);
@@ -299,7 +340,36 @@ absl::StatusOr<HttpResponse> DaytonaProvider::Api(const std::string& method,
   if (!body.empty()) http.headers.push_back({"Content-Type", "application/json"});
   http.body = body;
   http.timeout = absl::Seconds(config_.request_timeout_seconds);
-  absl::StatusOr<HttpResponse> r = Send(std::move(http));
+  return http;
+}
+
+void DaytonaProvider::SendAsync(HttpRequest request, HttpClient::Done done, int attempt) {
+  if (attempt == 0) {
+    request.headers.push_back({"Authorization", absl::StrCat("Bearer ", config_.api_key)});
+    request.headers.push_back({"X-Daytona-Source", kSource});
+    request.headers.push_back({"X-Daytona-SDK-Version", kSdkVersion});
+    if (!config_.organization_id.empty()) {
+      request.headers.push_back({"X-Daytona-Organization-ID", config_.organization_id});
+    }
+  }
+  HttpRequest copy = request;
+  http_->SendAsync(std::move(copy), [this, request = std::move(request), done,
+                                     attempt](absl::StatusOr<HttpResponse> r) mutable {
+    if (r.ok() || !IsConnectFailure(r.status()) || attempt >= 2) {
+      done(std::move(r));
+      return;
+    }
+    EventLoop::Shared()->After(absl::Milliseconds(250 * (attempt + 1)),
+                               [this, request = std::move(request), done, attempt]() mutable {
+                                 SendAsync(std::move(request), std::move(done), attempt + 1);
+                               });
+  });
+}
+
+absl::StatusOr<HttpResponse> DaytonaProvider::Api(const std::string& method,
+                                                  const std::string& path,
+                                                  const std::string& body) {
+  absl::StatusOr<HttpResponse> r = Send(ApiRequest(method, path, body));
   if (!r.ok() && r.status().code() != absl::StatusCode::kCancelled) {
     // A transport failure or timeout names the provider and is UNAVAILABLE
     // (retryable), whatever the HTTP layer called it.

@@ -71,6 +71,12 @@ class DaytonaProvider final : public Provider {
   // A request with Daytona's headers; connection-phase failures are
   // retried (at most twice, with backoff) like the SDK.
   absl::StatusOr<HttpResponse> Send(HttpRequest request);
+  // Send without holding a thread (HttpClient::SendAsync), with the same
+  // headers and connect-failure retries (250 ms x attempt apart, on a timer).
+  void SendAsync(HttpRequest request, HttpClient::Done done, int attempt = 0);
+  // An API request as Api() sends it.
+  HttpRequest ApiRequest(const std::string& method, const std::string& path,
+                         const std::string& body) const;
   // An API request: `path` is relative to api_url.
   absl::StatusOr<HttpResponse> Api(const std::string& method, const std::string& path,
                                    const std::string& body);
