@@ -412,34 +412,7 @@ void BrokerCore::ExecAsync(std::unique_ptr<ExecPlan> plan, RunDone done) {
       done(Refused(shared->ctx, slot, "max_concurrent_runs_per_tenant"));
       return;
     }
-    bool would_block = false;
-    absl::StatusOr<sandbox::Lease> lease =
-        sessions_->TryAcquire(shared->ctx.tenant, shared->session_id, &shared->create,
-                              &would_block);
-    if (would_block) {
-      // A create, an attach or a creation in progress: on a thread that may
-      // block (bounded by max_concurrent_creates per provider).
-      blocking_->Submit([this, shared, done]() mutable {
-        std::optional<RequestIdScope> scope;
-        if (!shared->ctx.request_id.empty()) scope.emplace(shared->ctx.request_id);
-        if (absl::Status s = AcquireLease(*shared); !s.ok()) {
-          done(s);
-          return;
-        }
-        Start(shared, std::move(done));
-      });
-      return;
-    }
-    if (!lease.ok()) {
-      done(lease.status());
-      return;
-    }
-    shared->lease = std::move(*lease);
-    if (absl::Status s = Ready(*shared); !s.ok()) {
-      done(s);
-      return;
-    }
-    Start(shared, std::move(done));
+    AcquireAsync(shared, std::move(done));
   };
   Limiter* lim = TenantRunLimiter(shared->ctx.tenant);
   if (lim == nullptr) {
@@ -450,6 +423,46 @@ void BrokerCore::ExecAsync(std::unique_ptr<ExecPlan> plan, RunDone done) {
     if (s.ok()) shared->tenant_slot = LimitSlot(lim);
     after_slot(std::move(s));
   });
+}
+
+void BrokerCore::AcquireAsync(std::shared_ptr<ExecPlan> shared, RunDone done) {
+  bool would_block = false;
+  absl::StatusOr<sandbox::Lease> lease =
+      sessions_->TryAcquire(shared->ctx.tenant, shared->session_id, &shared->create,
+                            &would_block);
+  if (would_block) {
+    // Another call is creating the sandbox: wait for it without a thread
+    // (single-flight); its failure is this call's answer too.
+    if (sessions_->WaitForCreation(shared->ctx.tenant, shared->session_id,
+                                   [this, shared, done](absl::Status settled) mutable {
+                                     if (!settled.ok()) return done(settled);
+                                     AcquireAsync(shared, std::move(done));
+                                   })) {
+      return;
+    }
+    // A create or attach of our own: on a thread that may block (bounded by
+    // max_concurrent_creates per provider).
+    blocking_->Submit([this, shared, done]() mutable {
+      std::optional<RequestIdScope> scope;
+      if (!shared->ctx.request_id.empty()) scope.emplace(shared->ctx.request_id);
+      if (absl::Status s = AcquireLease(*shared); !s.ok()) {
+        done(s);
+        return;
+      }
+      Start(shared, std::move(done));
+    });
+    return;
+  }
+  if (!lease.ok()) {
+    done(lease.status());
+    return;
+  }
+  shared->lease = std::move(*lease);
+  if (absl::Status s = Ready(*shared); !s.ok()) {
+    done(s);
+    return;
+  }
+  Start(shared, std::move(done));
 }
 
 void BrokerCore::Start(std::shared_ptr<ExecPlan> plan, RunDone done) {

@@ -163,6 +163,9 @@ class BrokerCore {
   absl::Status Ready(ExecPlan& plan);
   absl::StatusOr<pb::RunResult> Finish(ExecPlan& plan, absl::StatusOr<ExecResult> exec);
   void ExecAsync(std::unique_ptr<ExecPlan> plan, RunDone done);
+  // The session's lease without a thread when it is ready or being created
+  // by another call; else on the blocking pool. Then Start.
+  void AcquireAsync(std::shared_ptr<ExecPlan> plan, RunDone done);
   void Start(std::shared_ptr<ExecPlan> plan, RunDone done);
   Limiter* TenantRunLimiter(const std::string& tenant);
 

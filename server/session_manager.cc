@@ -74,6 +74,8 @@ struct SessionManager::Session {
   bool recovered = false;
   bool dirty = false;  // in dirty_
   absl::Time flushed_mono = absl::InfinitePast();
+  // WaitForCreation's callers, woken when the creation settles.
+  std::vector<std::function<void(absl::Status)>> waiters;
 };
 
 SessionRecord SessionManager::RecordOf(const Session& s, StoredState state) const {
@@ -378,6 +380,20 @@ absl::StatusOr<Lease> SessionManager::TryAcquire(const std::string& tenant,
   return MakeLeaseLocked(s);
 }
 
+bool SessionManager::WaitForCreation(const std::string& tenant, const std::string& session_id,
+                                     std::function<void(absl::Status)> wake) {
+  absl::MutexLock l(&mu_);
+  auto t = tenants_.find(tenant);
+  if (t == tenants_.end()) return false;
+  auto it = t->second.find(session_id);
+  if (it == t->second.end() || it->second->state != SessionStateKind::kCreating ||
+      it->second->recovered) {
+    return false;
+  }
+  it->second->waiters.push_back(std::move(wake));
+  return true;
+}
+
 absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Session>& s,
                                                      Provider* provider, const CreateOptions& o) {
   SandboxSpec spec;
@@ -455,7 +471,10 @@ absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Sessi
          {"session_id", s->session_id},
          {"provider", s->provider},
          {"code", absl::StatusCodeToString(status.code())}});
+    std::vector<std::function<void(absl::Status)>> waiters;
+    waiters.swap(s->waiters);
     mu_.Unlock();
+    for (auto& w : waiters) w(status);
     return status;
   }
   s->sandbox = sandbox;
@@ -476,8 +495,11 @@ absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Sessi
        {"duration_ms", absl::ToInt64Milliseconds(clock_->Monotonic() - start)}});
   Lease lease = MakeLeaseLocked(s);
   SessionView view = ViewLocked(*s);
+  std::vector<std::function<void(absl::Status)>> waiters;
+  waiters.swap(s->waiters);
   mu_.Unlock();
   if (observer_ != nullptr) observer_->SessionCreated(view);
+  for (auto& w : waiters) w(absl::OkStatus());
   return lease;
 }
 

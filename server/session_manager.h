@@ -183,6 +183,14 @@ class SessionManager {
   absl::StatusOr<Lease> TryAcquire(const std::string& tenant, const std::string& session_id,
                                    const CreateOptions* create, bool* would_block);
 
+  // When the session's sandbox is being created now: registers `wake`,
+  // called once the creation settles (OK: look again with TryAcquire; an
+  // error: the creation failed and that is the answer, as Acquire gives it),
+  // and returns true. False when no creation is in progress (look again at
+  // once). The caller holds no thread while it waits.
+  bool WaitForCreation(const std::string& tenant, const std::string& session_id,
+                       std::function<void(absl::Status)> wake);
+
   // Per provider: at most `limit` creates (Provider::Create) at once; more
   // wait in the limiter's queue. Set before serving. Not owned.
   void SetCreateLimiter(const std::string& provider, Limiter* limiter) {

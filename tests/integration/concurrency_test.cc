@@ -237,6 +237,42 @@ TEST_F(ConcurrencyTest, CreatesPastMaxConcurrentCreatesFailNamingIt) {
   server_.reset();  // before the fake
 }
 
+TEST_F(ConcurrencyTest, FirstCallsForOneSessionShareOneCreateAndWaitWithoutThreads) {
+  FakeE2B::Options o;
+  o.api_key = "e2b_test_key";
+  o.ttl_thread = false;
+  auto fake = FakeE2B::Start(o);
+  ASSERT_TRUE(fake.ok()) << fake.status();
+  (*fake)->faults().create_latency_ms = 1500;
+  nlohmann::json extra = {{"default_provider", "e2b"},
+                          {"providers",
+                           {{"e2b",
+                             {{"api_key", "e2b_test_key"},
+                              {"api_url", (*fake)->url()},
+                              {"sandbox_url", (*fake)->url()}}}}}};
+  StartBroker(extra.dump());
+  {
+    Calls warm(stub_.get());  // gRPC's threads and the blocking pool's first
+    warm.Run("warm", "print(0)");
+  }
+  const int before = ThreadCount();
+  constexpr int kCalls = 50;
+  Calls calls(stub_.get());
+  for (int i = 0; i < kCalls; ++i) calls.Run("one", absl::StrCat("print(", i, ")"));
+  ASSERT_TRUE(WaitFor([&] { return server_->service()->calls_in_flight() == kCalls; }));
+  const int during = ThreadCount();
+  calls.Wait();
+  for (int i = 0; i < kCalls; ++i) {
+    ASSERT_TRUE(calls.status(i).ok()) << calls.status(i).error_message();
+    EXPECT_EQ(calls.output(i), absl::StrCat(i, "\n"));
+  }
+  EXPECT_EQ((*fake)->faults().creates.load(), 2);  // "warm" and "one"
+  // One thread creates; the other 49 calls wait on the creation, not on a
+  // thread each.
+  EXPECT_LT(during - before, 16) << before << " -> " << during;
+  server_.reset();  // before the fake
+}
+
 TEST(LimiterTest, GrantsInOrderAndHoldsNoThreadWhileQueued) {
   EventLoop loop;
   Limiter l("max_x", 1, 10, absl::Seconds(60), &loop);
