@@ -117,7 +117,9 @@ void Log(LogLevel level, absl::string_view event, std::initializer_list<LogField
   }
   line.push_back('\n');
   s.buffer.append(line);
-  if (level >= LogLevel::kWarning || s.buffer.size() >= 64 * 1024) {
+  // Only the per-call line waits; lifecycle lines (and anything at warning
+  // or above) are written at once, after what is buffered.
+  if (event != "rpc" || level >= LogLevel::kWarning || s.buffer.size() >= 64 * 1024) {
     WriteLocked(s);
     return;
   }

@@ -40,9 +40,10 @@ void SetLogJson(bool json);
 void SetLogLevel(LogLevel min_level);
 // Replaces the output (default: stderr). For tests; nullptr restores stderr.
 void SetLogSink(std::function<void(absl::string_view line)> sink);
-// Writes the buffered lines now. Info and debug lines to stderr are
-// buffered (written within 100 ms, at 64 KiB, before any warning or error
-// line, and at exit) so the per-call line costs no write of its own.
+// Writes the buffered lines now. The per-call `rpc` lines at info and debug
+// are buffered (written within 100 ms, at 64 KiB, before any other line, and
+// at exit) so they cost no write of their own; every other line is written
+// at once.
 void FlushLogs();
 
 }  // namespace sandbox

@@ -120,5 +120,6 @@ int main(int argc, char** argv) {
   }).detach();
   (*server)->Drain();
   Log(LogLevel::kInfo, "broker.exit", {});
+  FlushLogs();
   return 0;
 }
