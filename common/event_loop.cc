@@ -206,24 +206,19 @@ int WorkPool::threads() const {
 
 int WorkPool::queued() const {
   absl::MutexLock l(&mu_);
-  return static_cast<int>(queue_.size() - head_);
+  return static_cast<int>(queue_.size());
 }
 
 void WorkPool::Worker() {
   absl::MutexLock l(&mu_);
   for (;;) {
     ++idle_;
-    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stop_ || head_ < queue_.size();
-    };
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); };
     mu_.Await(absl::Condition(&ready));
     --idle_;
-    if (head_ >= queue_.size()) return;  // stopping, nothing left
-    std::function<void()> fn = std::move(queue_[head_++]);
-    if (head_ == queue_.size()) {
-      queue_.clear();
-      head_ = 0;
-    }
+    if (queue_.empty()) return;  // stopping, nothing left
+    std::function<void()> fn = std::move(queue_.front());
+    queue_.pop_front();
     mu_.Unlock();
     fn();
     mu_.Lock();

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -102,8 +103,7 @@ class WorkPool {
   const char* const name_;
   const int max_threads_;
   mutable absl::Mutex mu_;
-  std::vector<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);  // FIFO via head_
-  size_t head_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);  // FIFO
   int threads_ ABSL_GUARDED_BY(mu_) = 0;
   int idle_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include <fstream>
+
+#include "absl/synchronization/notification.h"
 #include <sstream>
 #include <thread>
 
@@ -381,6 +383,73 @@ TEST(LocalProviderStartup, MissingBubblewrapFailsClearly) {
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(p.status().message().find("bubblewrap not found"), absl::string_view::npos);
+}
+
+}  // namespace
+}  // namespace sandbox
+
+namespace sandbox {
+namespace {
+
+// ExecAsync: the run waits on the event loop; a consumer that is not ready
+// pauses the program (its pipe fills), and resuming lets it finish with
+// every byte.
+TEST_F(LocalProviderTest, AsyncRunsPauseForASlowConsumerAndLoseNothing) {
+  absl::Mutex mu;
+  size_t got = 0;
+  int chunks = 0;
+  std::function<void()> resume;
+  bool paused = false;
+  absl::Notification finished;
+  absl::StatusOr<ExecResult> result;
+  ExecRequest r;
+  r.language = Language::kShell;
+  // 4 MiB, far more than a pipe holds, then a marker file.
+  r.code = "head -c 4194304 /dev/zero; touch done";
+  r.max_output_bytes = 8 << 20;
+  r.on_output = [&](OutputStream, absl::string_view data) {
+    absl::MutexLock l(&mu);
+    got += data.size();
+    ++chunks;
+  };
+  r.output_ready = [&](std::function<void()> resume_fn) {
+    absl::MutexLock l(&mu);
+    if (paused || resume) return true;  // paused once, then always ready
+    paused = true;
+    resume = std::move(resume_fn);
+    return false;
+  };
+  sandbox_->ExecAsync(r, [&](absl::StatusOr<ExecResult> res) {
+    result = std::move(res);
+    finished.Notify();
+  });
+  {
+    absl::MutexLock l(&mu);
+    auto is_paused = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return paused; };
+    mu.Await(absl::Condition(&is_paused));
+  }
+  // While paused nothing more is read: the program cannot finish.
+  EXPECT_FALSE(finished.WaitForNotificationWithTimeout(absl::Milliseconds(300)));
+  {
+    absl::MutexLock l(&mu);
+    EXPECT_EQ(chunks, 1);
+  }
+  auto marker = sandbox_->ReadFile("done");
+  ASSERT_TRUE(marker.ok());
+  EXPECT_FALSE(marker->has_value());
+  std::function<void()> go;
+  {
+    absl::MutexLock l(&mu);
+    go = resume;
+  }
+  go();
+  finished.WaitForNotification();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 0);
+  EXPECT_EQ(result->output.size(), size_t{4194304});
+  absl::MutexLock l(&mu);
+  EXPECT_EQ(got, size_t{4194304});
+  EXPECT_TRUE(sandbox_->ReadFile("done")->has_value());
 }
 
 }  // namespace
