@@ -2,6 +2,8 @@
 
 #include "server/etcd_store.h"
 
+#include <unistd.h>
+
 #include <map>
 #include <utility>
 
@@ -531,32 +533,66 @@ absl::StatusOr<std::vector<UsageRow>> EtcdStore::LoadUsage() {
 
 // ---- cluster primitives -----------------------------------------------------
 
+absl::StatusOr<std::unique_ptr<EtcdMember>> EtcdStore::HoldKey(const std::string& key,
+                                                             const std::string& member_id,
+                                                             const std::string& value,
+                                                             absl::Duration ttl,
+                                                             bool background_keepalive) {
+  const int64_t ttl_s =
+      std::max<int64_t>(1, absl::ToInt64Seconds(absl::Ceil(ttl, absl::Seconds(1))));
+  absl::StatusOr<EtcdLease> lease = client_->LeaseGrant(ttl_s);
+  if (!lease.ok()) return lease.status();
+  absl::StatusOr<EtcdTxnResult> r = client_->Txn(
+      {EtcdCompare::Absent(key)}, {EtcdOp::Put(key, value, lease->id)}, {EtcdOp::Get(key)});
+  if (!r.ok() || !r->succeeded) {
+    (void)client_->LeaseRevoke(lease->id);
+    if (!r.ok()) return r.status();
+    return absl::AlreadyExistsError(absl::StrCat("state: etcd key ", key, " is held"));
+  }
+  if (!member_id.empty()) {
+    absl::MutexLock l(&mu_);
+    members_[member_id] = lease->id;
+  }
+  std::unique_ptr<EtcdMember> m(new EtcdMember(this, member_id.empty() ? key : member_id,
+                                               lease->id, lease->ttl_seconds));
+  if (background_keepalive) m->thread_ = std::thread([p = m.get()] { p->Run(); });
+  return m;
+}
+
 absl::StatusOr<std::unique_ptr<EtcdMember>> EtcdStore::RegisterMember(
     const std::string& id, const std::string& advertise_address, absl::Duration ttl,
     bool background_keepalive) {
   if (id.empty()) return absl::InvalidArgumentError("state: member id is empty");
-  const int64_t ttl_s = std::max<int64_t>(1, absl::ToInt64Seconds(absl::Ceil(ttl, absl::Seconds(1))));
-  absl::StatusOr<EtcdLease> lease = client_->LeaseGrant(ttl_s);
-  if (!lease.ok()) return lease.status();
-  const std::string key = MemberKey(id);
-  absl::StatusOr<EtcdTxnResult> r = client_->Txn(
-      {EtcdCompare::Absent(key)},
-      {EtcdOp::Put(key, Dump({{"id", id}, {"advertise_address", advertise_address}}), lease->id)},
-      {EtcdOp::Get(key)});
-  if (!r.ok() || !r->succeeded) {
-    (void)client_->LeaseRevoke(lease->id);
-    if (!r.ok()) return r.status();
+  auto m = HoldKey(MemberKey(id), id, Dump({{"id", id}, {"advertise_address", advertise_address}}),
+                   ttl, background_keepalive);
+  if (m.status().code() == absl::StatusCode::kAlreadyExists) {
     return absl::AlreadyExistsError(absl::StrCat(
         "state: member id ", id,
         " is registered by a live replica (a crashed one's registration expires with its lease)"));
   }
-  {
-    absl::MutexLock l(&mu_);
-    members_[id] = lease->id;
-  }
-  std::unique_ptr<EtcdMember> m(new EtcdMember(this, id, lease->id, lease->ttl_seconds));
-  if (background_keepalive) m->thread_ = std::thread([p = m.get()] { p->Run(); });
   return m;
+}
+
+absl::StatusOr<std::unique_ptr<EtcdMember>> EtcdStore::LockPrefix(const std::string& holder,
+                                                                 absl::Duration ttl,
+                                                                 absl::Duration wait) {
+  const std::string key = prefix_ + "lock";
+  const absl::Time deadline = absl::Now() + wait;
+  for (;;) {
+    auto m = HoldKey(key, "", Dump({{"holder", holder}, {"pid", static_cast<int64_t>(getpid())}}),
+                     ttl, /*background_keepalive=*/true);
+    if (m.ok() || m.status().code() != absl::StatusCode::kAlreadyExists) return m;
+    if (absl::Now() >= deadline) {
+      std::string who = "another broker";
+      auto kv = client_->Get(key);
+      if (kv.ok() && kv->has_value()) who = (*kv)->value;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "state: etcd prefix ", prefix_, " is in use by ", who,
+          " (one broker per prefix until replicas are supported; a crashed broker's hold "
+          "expires after state.etcd.member_ttl_seconds)"));
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
 }
 
 void EtcdStore::MemberGone(const std::string& id, int64_t lease) {

@@ -3,8 +3,9 @@
 // The etcd session store (groundwork for N broker replicas sharing sessions,
 // issue #13): the SessionStore contract over etcd v3, plus the cluster
 // primitives routing/forwarding/takeover will be built on (membership under
-// leases, one owner per session, fenced writes). Not yet selectable in the
-// broker's config; see README "etcd backend (groundwork)".
+// leases, one owner per session, fenced writes). The broker selects it with
+// state.backend "etcd", one broker per prefix for now (LockPrefix); see
+// README "etcd backend (groundwork)".
 //
 // Key layout, all under the configured prefix P (default "/sandbox-broker/");
 // each <component> is escaped ('%' -> %25, '/' -> %2F, bytes < 0x20 and
@@ -13,6 +14,8 @@
 //   P meta/schema_version                  "1"
 //   P meta/deployment_id                   the deployment id (text)
 //   P meta/created_at_us                   when the store was created (µs)
+//   P lock                                 {"holder","pid"} under the lease of
+//                                          the one broker using P (LockPrefix)
 //   P sessions/<tenant>/<session_id>       SessionRecord as JSON
 //   P runs/<tenant>/<session_id>/<run_id>  RunRecord as JSON (result base64)
 //   P usage/<tenant>/<provider>            UsageCounters as JSON (totals)
@@ -80,7 +83,7 @@ struct ClaimResult {
 
 class EtcdStore;
 
-// A registered member: its key lives under a lease kept alive by a
+// A registered member (or a LockPrefix hold): its key lives under a lease kept alive by a
 // background thread (every ttl/3) unless the options say otherwise; tests
 // may drive renewals with KeepAliveOnce(). Destroying it stops the
 // keepalive and revokes the lease (the member and its ownerships go).
@@ -159,6 +162,16 @@ class EtcdStore final : public SessionStore {
                                                              bool background_keepalive = true);
   absl::StatusOr<std::vector<MemberInfo>> ListMembers();
 
+  // Holds <prefix>lock under a lease of `ttl` (renewed in the background)
+  // so one broker at a time uses this prefix, as the SQLite store's flock
+  // does: until replicas share sessions through claims, two brokers on one
+  // prefix would adopt and sweep each other's sandboxes. Waits up to `wait`
+  // for a crashed holder's lease to expire; then FAILED_PRECONDITION naming
+  // the holder. Released when the result is destroyed.
+  absl::StatusOr<std::unique_ptr<EtcdMember>> LockPrefix(const std::string& holder,
+                                                         absl::Duration ttl,
+                                                         absl::Duration wait);
+
   // One transaction: creates the owner key under `member_id`'s lease if the
   // session has no owner, else reports the owner (claimed=true when it is
   // already this member). FAILED_PRECONDITION when `member_id` is not a
@@ -193,6 +206,13 @@ class EtcdStore final : public SessionStore {
   friend class EtcdMember;
   EtcdStore(EtcdStoreOptions options, std::unique_ptr<EtcdClient> client);
   absl::Status Init();
+  // Creates `key` = `value` under a new lease if absent (ALREADY_EXISTS if
+  // not); member_id non-empty: recorded as a member for ClaimSession.
+  absl::StatusOr<std::unique_ptr<EtcdMember>> HoldKey(const std::string& key,
+                                                      const std::string& member_id,
+                                                      const std::string& value,
+                                                      absl::Duration ttl,
+                                                      bool background_keepalive);
   // Read-modify-write of many keys: `update` gets the current value (nullopt
   // when absent) and returns the new one (nullopt: leave the key alone).
   absl::Status UpdateKeys(

@@ -430,6 +430,26 @@ TEST_F(EtcdStoreTest, FencedWriteWithStaleTokenIsRejected) {
   EXPECT_TRUE(store_->LoadSessions()->empty());
 }
 
+TEST_F(EtcdStoreTest, OneHolderOfThePrefixLock) {
+  auto first = store_->LockPrefix("broker-1", absl::Seconds(2), absl::ZeroDuration());
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto other = OpenStore();
+  auto refused = other->LockPrefix("broker-2", absl::Seconds(2), absl::ZeroDuration());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("broker-1"), absl::string_view::npos)
+      << refused.status();
+  // Another prefix is free.
+  EXPECT_TRUE(OpenStore("/other/")->LockPrefix("broker-2", absl::Seconds(2),
+                                               absl::ZeroDuration()).ok());
+  // A holder that stops renewing (crashed) is waited out.
+  (*first)->StopKeepAlive();
+  auto second = other->LockPrefix("broker-2", absl::Seconds(2), absl::Seconds(15));
+  ASSERT_TRUE(second.ok()) << second.status();
+  // Released when destroyed: the next one gets it at once.
+  second->reset();
+  EXPECT_TRUE(store_->LockPrefix("broker-3", absl::Seconds(2), absl::ZeroDuration()).ok());
+}
+
 // ---- failures ----
 
 TEST_F(EtcdStoreTest, EtcdKilledGivesUnavailableThenRecovers) {
