@@ -101,7 +101,7 @@ absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text) {
       const BrokerConfig::StateEtcd& e = c.state_etcd;
       if (e.endpoints.empty()) {
         return absl::InvalidArgumentError(
-            "state.etcd.endpoints: backend \"etcd\" needs at least one endpoint");
+            "state.etcd.endpoints: state.backend \"etcd\" needs at least one endpoint");
       }
       for (const std::string& ep : e.endpoints) {
         if (!absl::StartsWith(ep, "http://") && !absl::StartsWith(ep, "https://")) {
