@@ -124,34 +124,53 @@ absl::StatusOr<json> ParseObject(const std::string& text, const std::string& wha
 
 const char* TargetName(EtcdCompare::Target t) {
   switch (t) {
-    case EtcdCompare::Target::kVersion: return "VERSION";
-    case EtcdCompare::Target::kCreate: return "CREATE";
-    case EtcdCompare::Target::kMod: return "MOD";
-    case EtcdCompare::Target::kValue: return "VALUE";
-    case EtcdCompare::Target::kLease: return "LEASE";
+    case EtcdCompare::Target::kVersion:
+      return "VERSION";
+    case EtcdCompare::Target::kCreate:
+      return "CREATE";
+    case EtcdCompare::Target::kMod:
+      return "MOD";
+    case EtcdCompare::Target::kValue:
+      return "VALUE";
+    case EtcdCompare::Target::kLease:
+      return "LEASE";
   }
   return "MOD";
 }
 
 const char* ResultName(EtcdCompare::Result r) {
   switch (r) {
-    case EtcdCompare::Result::kEqual: return "EQUAL";
-    case EtcdCompare::Result::kGreater: return "GREATER";
-    case EtcdCompare::Result::kLess: return "LESS";
-    case EtcdCompare::Result::kNotEqual: return "NOT_EQUAL";
+    case EtcdCompare::Result::kEqual:
+      return "EQUAL";
+    case EtcdCompare::Result::kGreater:
+      return "GREATER";
+    case EtcdCompare::Result::kLess:
+      return "LESS";
+    case EtcdCompare::Result::kNotEqual:
+      return "NOT_EQUAL";
   }
   return "EQUAL";
 }
 
 json CompareJson(const EtcdCompare& c) {
-  json j = {{"key", B64(c.key)}, {"target", TargetName(c.target)},
-            {"result", ResultName(c.result)}};
+  json j = {
+      {"key", B64(c.key)}, {"target", TargetName(c.target)}, {"result", ResultName(c.result)}};
   switch (c.target) {
-    case EtcdCompare::Target::kVersion: j["version"] = I64(c.number); break;
-    case EtcdCompare::Target::kCreate: j["create_revision"] = I64(c.number); break;
-    case EtcdCompare::Target::kMod: j["mod_revision"] = I64(c.number); break;
-    case EtcdCompare::Target::kLease: j["lease"] = I64(c.number); break;
-    case EtcdCompare::Target::kValue: j["value"] = B64(c.value); break;
+    case EtcdCompare::Target::kVersion:
+      j["version"] = I64(c.number);
+      break;
+    case EtcdCompare::Target::kCreate:
+      j["create_revision"] = I64(c.number);
+      break;
+    case EtcdCompare::Target::kMod:
+      j["mod_revision"] = I64(c.number);
+      break;
+    case EtcdCompare::Target::kLease:
+      j["lease"] = I64(c.number);
+      break;
+    case EtcdCompare::Target::kValue:
+      j["value"] = B64(c.value);
+      break;
   }
   return j;
 }
@@ -164,7 +183,8 @@ json RangeJson(const std::string& key, const std::string& range_end) {
 
 json OpJson(const EtcdOp& op) {
   switch (op.type) {
-    case EtcdOp::Type::kGet: return {{"request_range", RangeJson(op.key, op.range_end)}};
+    case EtcdOp::Type::kGet:
+      return {{"request_range", RangeJson(op.key, op.range_end)}};
     case EtcdOp::Type::kDelete:
       return {{"request_delete_range", RangeJson(op.key, op.range_end)}};
     case EtcdOp::Type::kPut: {
@@ -238,8 +258,7 @@ EtcdClient::EtcdClient(EtcdOptions options)
 EtcdClient::~EtcdClient() = default;
 
 absl::StatusOr<std::string> EtcdClient::CallOnce(const std::string& endpoint,
-                                                 const std::string& path,
-                                                 const std::string& body,
+                                                 const std::string& path, const std::string& body,
                                                  const std::string& token, bool* try_next) {
   *try_next = false;
   HttpRequest req;
@@ -262,8 +281,7 @@ absl::StatusOr<std::string> EtcdClient::CallOnce(const std::string& endpoint,
   if (resp->status == 200) return std::move(resp->body);
   // etcd's error: {"error": ..., "message": ..., "code": <gRPC code>}.
   json j = json::parse(resp->body, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("code") ||
-      !j["code"].is_number_integer()) {
+  if (j.is_discarded() || !j.is_object() || !j.contains("code") || !j["code"].is_number_integer()) {
     *try_next = resp->status == 502 || resp->status == 503 || resp->status == 504;
     return absl::UnavailableError(absl::StrCat("etcd: ", endpoint, path, " answered HTTP ",
                                                resp->status, " without etcd's error JSON"));
@@ -372,8 +390,8 @@ absl::StatusOr<std::string> EtcdClient::Call(const std::string& path, const std:
     if (!reauth) break;
   }
   if (last.code() == absl::StatusCode::kUnavailable) {
-    return absl::UnavailableError(absl::StrCat("etcd: no endpoint answered (", n,
-                                               " tried); last: ", last.message()));
+    return absl::UnavailableError(
+        absl::StrCat("etcd: no endpoint answered (", n, " tried); last: ", last.message()));
   }
   return last;
 }
@@ -502,9 +520,8 @@ absl::StatusOr<EtcdTxnResult> EtcdClient::Txn(const std::vector<EtcdCompare>& co
   }
   if (!rd.ok()) return rd.status();
   if (out.responses.size() != ran.size()) {
-    return absl::UnavailableError(absl::StrCat("etcd: /v3/kv/txn answered ",
-                                               out.responses.size(), " responses for ",
-                                               ran.size(), " operations"));
+    return absl::UnavailableError(absl::StrCat("etcd: /v3/kv/txn answered ", out.responses.size(),
+                                               " responses for ", ran.size(), " operations"));
   }
   for (size_t i = 0; i < ran.size(); ++i) {
     if (out.responses[i].type != ran[i].type && ran[i].type != EtcdOp::Type::kPut) {

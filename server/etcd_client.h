@@ -105,7 +105,7 @@ struct EtcdOpResult {
 
 struct EtcdTxnResult {
   bool succeeded = false;
-  int64_t revision = 0;  // the store's revision after the txn
+  int64_t revision = 0;                 // the store's revision after the txn
   std::vector<EtcdOpResult> responses;  // of success (or failure) ops
 };
 
@@ -124,11 +124,9 @@ class EtcdClient {
   absl::StatusOr<std::optional<EtcdKv>> Get(const std::string& key);
   // Every key under `prefix`, in key order, read in pages of `page_size`
   // keys all at the revision of the first page (one consistent snapshot).
-  absl::StatusOr<std::vector<EtcdKv>> GetPrefix(const std::string& prefix,
-                                                int64_t page_size = 500);
+  absl::StatusOr<std::vector<EtcdKv>> GetPrefix(const std::string& prefix, int64_t page_size = 500);
   // Returns the revision of the write.
-  absl::StatusOr<int64_t> Put(const std::string& key, const std::string& value,
-                              int64_t lease = 0);
+  absl::StatusOr<int64_t> Put(const std::string& key, const std::string& value, int64_t lease = 0);
   // Returns how many keys went.
   absl::StatusOr<int64_t> Delete(const std::string& key);
   absl::StatusOr<int64_t> DeletePrefix(const std::string& prefix);

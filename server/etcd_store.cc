@@ -23,9 +23,7 @@ constexpr char kSchemaVersion[] = "1";
 constexpr size_t kChunk = 64;  // keys per transaction (etcd: --max-txn-ops 128)
 constexpr int kUpdateAttempts = 10;
 
-std::string Dump(const json& j) {
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
-}
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 // Reads a stored record's fields, validating types; the first problem wins.
 class FieldReader {
@@ -302,17 +300,17 @@ absl::Status EtcdStore::Init() {
   const std::string schema_key = prefix_ + "meta/schema_version";
   const std::string dep_key = prefix_ + "meta/deployment_id";
   const std::string created_key = prefix_ + "meta/created_at_us";
-  absl::StatusOr<EtcdTxnResult> r = client_->Txn(
-      {EtcdCompare::Absent(schema_key)},
-      {EtcdOp::Put(schema_key, kSchemaVersion),
-       EtcdOp::Put(dep_key, absl::StrCat("dep-", RandomHex(8))),
-       EtcdOp::Put(created_key, absl::StrCat(absl::ToUnixMicros(absl::Now())))},
-      {EtcdOp::Get(schema_key), EtcdOp::Get(dep_key), EtcdOp::Get(created_key)});
+  absl::StatusOr<EtcdTxnResult> r =
+      client_->Txn({EtcdCompare::Absent(schema_key)},
+                   {EtcdOp::Put(schema_key, kSchemaVersion),
+                    EtcdOp::Put(dep_key, absl::StrCat("dep-", RandomHex(8))),
+                    EtcdOp::Put(created_key, absl::StrCat(absl::ToUnixMicros(absl::Now())))},
+                   {EtcdOp::Get(schema_key), EtcdOp::Get(dep_key), EtcdOp::Get(created_key)});
   if (!r.ok()) return r.status();
   std::string schema = kSchemaVersion, dep, created;
   if (r->succeeded) {
-    absl::StatusOr<EtcdTxnResult> g = client_->Txn(
-        {}, {EtcdOp::Get(schema_key), EtcdOp::Get(dep_key), EtcdOp::Get(created_key)});
+    absl::StatusOr<EtcdTxnResult> g =
+        client_->Txn({}, {EtcdOp::Get(schema_key), EtcdOp::Get(dep_key), EtcdOp::Get(created_key)});
     if (!g.ok()) return g.status();
     r = std::move(g);
   }
@@ -323,9 +321,9 @@ absl::Status EtcdStore::Init() {
   dep = value(1);
   created = value(2);
   if (schema != kSchemaVersion) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("state: etcd prefix ", prefix_, " has schema version \"", schema,
-                     "\", this broker knows ", kSchemaVersion));
+    return absl::FailedPreconditionError(absl::StrCat("state: etcd prefix ", prefix_,
+                                                      " has schema version \"", schema,
+                                                      "\", this broker knows ", kSchemaVersion));
   }
   int64_t us = 0;
   if (dep.empty() || !absl::SimpleAtoi(created, &us)) {
@@ -362,8 +360,7 @@ std::string EtcdStore::RunKey(const std::string& tenant, const std::string& id,
   return RunsPrefix(tenant, id) + EtcdKeyComponent(run_id);
 }
 std::string EtcdStore::UsageKey(const std::string& tenant, const std::string& provider) const {
-  return absl::StrCat(prefix_, "usage/", EtcdKeyComponent(tenant), "/",
-                      EtcdKeyComponent(provider));
+  return absl::StrCat(prefix_, "usage/", EtcdKeyComponent(tenant), "/", EtcdKeyComponent(provider));
 }
 std::string EtcdStore::MemberKey(const std::string& id) const {
   return absl::StrCat(prefix_, "members/", EtcdKeyComponent(id));
@@ -405,8 +402,8 @@ absl::Status EtcdStore::PutSessions(const std::vector<SessionRecord>& records) {
 
 absl::Status EtcdStore::DeleteSession(const std::string& tenant, const std::string& id) {
   return client_
-      ->Txn({}, {EtcdOp::Delete(SessionKey(tenant, id)),
-                 EtcdOp::DeletePrefix(RunsPrefix(tenant, id))})
+      ->Txn({},
+            {EtcdOp::Delete(SessionKey(tenant, id)), EtcdOp::DeletePrefix(RunsPrefix(tenant, id))})
       .status();
 }
 
@@ -430,10 +427,10 @@ absl::Status EtcdStore::UpdateKeys(
         if (!got.kvs.empty()) old = got.kvs[0].value;
         std::optional<std::string> next = update(j, old);
         if (!next.has_value()) continue;
-        compares.push_back(old.has_value() ? EtcdCompare::ModRevision(
-                                                 keys[j], EtcdCompare::Result::kEqual,
-                                                 got.kvs[0].mod_revision)
-                                           : EtcdCompare::Absent(keys[j]));
+        compares.push_back(old.has_value()
+                               ? EtcdCompare::ModRevision(keys[j], EtcdCompare::Result::kEqual,
+                                                          got.kvs[0].mod_revision)
+                               : EtcdCompare::Absent(keys[j]));
         puts.push_back(EtcdOp::Put(keys[j], *std::move(next)));
       }
       if (puts.empty()) {
@@ -456,14 +453,14 @@ absl::Status EtcdStore::TouchSessions(const std::vector<Touch>& touches) {
   std::vector<std::string> keys;
   keys.reserve(touches.size());
   for (const Touch& t : touches) keys.push_back(SessionKey(t.tenant, t.session_id));
-  return UpdateKeys(keys, [&](size_t i, const std::optional<std::string>& old)
-                              -> std::optional<std::string> {
-    if (!old.has_value()) return std::nullopt;  // gone: nothing to touch
-    absl::StatusOr<SessionRecord> r = ParseSession(keys[i], *old);
-    if (!r.ok()) return std::nullopt;  // left for LoadSessions to report
-    r->last_active_at = touches[i].last_active_at;
-    return SessionJson(*r);
-  });
+  return UpdateKeys(
+      keys, [&](size_t i, const std::optional<std::string>& old) -> std::optional<std::string> {
+        if (!old.has_value()) return std::nullopt;  // gone: nothing to touch
+        absl::StatusOr<SessionRecord> r = ParseSession(keys[i], *old);
+        if (!r.ok()) return std::nullopt;  // left for LoadSessions to report
+        r->last_active_at = touches[i].last_active_at;
+        return SessionJson(*r);
+      });
 }
 
 absl::StatusOr<std::vector<RunRecord>> EtcdStore::LoadRuns() {
@@ -500,20 +497,20 @@ absl::Status EtcdStore::AddUsage(const std::vector<UsageRow>& deltas) {
     rows.push_back(UsageRow{k.first, k.second, c});
   }
   absl::Status bad;
-  absl::Status s = UpdateKeys(keys, [&](size_t i, const std::optional<std::string>& old)
-                                        -> std::optional<std::string> {
-    UsageRow total{rows[i].tenant, rows[i].provider, {}};
-    if (old.has_value()) {
-      absl::StatusOr<UsageRow> prev = ParseUsage(keys[i], *old);
-      if (!prev.ok()) {
-        bad = prev.status();  // never overwrite totals we cannot read
-        return std::nullopt;
-      }
-      total.counters = prev->counters;
-    }
-    total.counters.Add(rows[i].counters);
-    return UsageJson(total);
-  });
+  absl::Status s = UpdateKeys(
+      keys, [&](size_t i, const std::optional<std::string>& old) -> std::optional<std::string> {
+        UsageRow total{rows[i].tenant, rows[i].provider, {}};
+        if (old.has_value()) {
+          absl::StatusOr<UsageRow> prev = ParseUsage(keys[i], *old);
+          if (!prev.ok()) {
+            bad = prev.status();  // never overwrite totals we cannot read
+            return std::nullopt;
+          }
+          total.counters = prev->counters;
+        }
+        total.counters.Add(rows[i].counters);
+        return UsageJson(total);
+      });
   if (!s.ok()) return s;
   return bad;
 }
@@ -534,10 +531,10 @@ absl::StatusOr<std::vector<UsageRow>> EtcdStore::LoadUsage() {
 // ---- cluster primitives -----------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<EtcdMember>> EtcdStore::HoldKey(const std::string& key,
-                                                             const std::string& member_id,
-                                                             const std::string& value,
-                                                             absl::Duration ttl,
-                                                             bool background_keepalive) {
+                                                               const std::string& member_id,
+                                                               const std::string& value,
+                                                               absl::Duration ttl,
+                                                               bool background_keepalive) {
   const int64_t ttl_s =
       std::max<int64_t>(1, absl::ToInt64Seconds(absl::Ceil(ttl, absl::Seconds(1))));
   absl::StatusOr<EtcdLease> lease = client_->LeaseGrant(ttl_s);
@@ -553,8 +550,8 @@ absl::StatusOr<std::unique_ptr<EtcdMember>> EtcdStore::HoldKey(const std::string
     absl::MutexLock l(&mu_);
     members_[member_id] = lease->id;
   }
-  std::unique_ptr<EtcdMember> m(new EtcdMember(this, member_id.empty() ? key : member_id,
-                                               lease->id, lease->ttl_seconds));
+  std::unique_ptr<EtcdMember> m(
+      new EtcdMember(this, member_id.empty() ? key : member_id, lease->id, lease->ttl_seconds));
   if (background_keepalive) m->thread_ = std::thread([p = m.get()] { p->Run(); });
   return m;
 }
@@ -574,8 +571,8 @@ absl::StatusOr<std::unique_ptr<EtcdMember>> EtcdStore::RegisterMember(
 }
 
 absl::StatusOr<std::unique_ptr<EtcdMember>> EtcdStore::LockPrefix(const std::string& holder,
-                                                                 absl::Duration ttl,
-                                                                 absl::Duration wait) {
+                                                                  absl::Duration ttl,
+                                                                  absl::Duration wait) {
   const std::string key = prefix_ + "lock";
   const absl::Time deadline = absl::Now() + wait;
   for (;;) {
@@ -673,10 +670,10 @@ absl::StatusOr<std::optional<SessionOwner>> EtcdStore::GetOwner(const std::strin
 absl::Status EtcdStore::PutSessionFenced(const SessionRecord& record, int64_t fence) {
   if (absl::Status s = CheckFence(fence); !s.ok()) return s;
   const std::string owner = OwnerKey(record.tenant, record.session_id);
-  absl::StatusOr<EtcdTxnResult> r = client_->Txn(
-      {EtcdCompare::ModRevision(owner, EtcdCompare::Result::kEqual, fence)},
-      {EtcdOp::Put(SessionKey(record.tenant, record.session_id), SessionJson(record))},
-      {EtcdOp::Get(owner)});
+  absl::StatusOr<EtcdTxnResult> r =
+      client_->Txn({EtcdCompare::ModRevision(owner, EtcdCompare::Result::kEqual, fence)},
+                   {EtcdOp::Put(SessionKey(record.tenant, record.session_id), SessionJson(record))},
+                   {EtcdOp::Get(owner)});
   if (!r.ok()) return r.status();
   if (!r->succeeded) return Stale(record.tenant, record.session_id, fence, *r);
   return absl::OkStatus();

@@ -77,8 +77,8 @@ struct SessionOwner {
 };
 
 struct ClaimResult {
-  bool claimed = false;   // true: `member_id` owns it (now, or already did)
-  SessionOwner owner;     // the owner (this member when claimed)
+  bool claimed = false;  // true: `member_id` owns it (now, or already did)
+  SessionOwner owner;    // the owner (this member when claimed)
 };
 
 class EtcdStore;
@@ -169,15 +169,13 @@ class EtcdStore final : public SessionStore {
   // for a crashed holder's lease to expire; then FAILED_PRECONDITION naming
   // the holder. Released when the result is destroyed.
   absl::StatusOr<std::unique_ptr<EtcdMember>> LockPrefix(const std::string& holder,
-                                                         absl::Duration ttl,
-                                                         absl::Duration wait);
+                                                         absl::Duration ttl, absl::Duration wait);
 
   // One transaction: creates the owner key under `member_id`'s lease if the
   // session has no owner, else reports the owner (claimed=true when it is
   // already this member). FAILED_PRECONDITION when `member_id` is not a
   // member registered through this store (or it was lost).
-  absl::StatusOr<ClaimResult> ClaimSession(const std::string& tenant,
-                                           const std::string& session_id,
+  absl::StatusOr<ClaimResult> ClaimSession(const std::string& tenant, const std::string& session_id,
                                            const std::string& member_id);
   absl::StatusOr<std::optional<SessionOwner>> GetOwner(const std::string& tenant,
                                                        const std::string& session_id);
@@ -210,8 +208,7 @@ class EtcdStore final : public SessionStore {
   // not); member_id non-empty: recorded as a member for ClaimSession.
   absl::StatusOr<std::unique_ptr<EtcdMember>> HoldKey(const std::string& key,
                                                       const std::string& member_id,
-                                                      const std::string& value,
-                                                      absl::Duration ttl,
+                                                      const std::string& value, absl::Duration ttl,
                                                       bool background_keepalive);
   // Read-modify-write of many keys: `update` gets the current value (nullopt
   // when absent) and returns the new one (nullopt: leave the key alone).

@@ -40,7 +40,9 @@ TEST(EtcdConfigTest, KeysAndDefaults) {
 
 TEST(EtcdConfigTest, ErrorsNameTheKey) {
   EXPECT_NE(Err(R"({"state": {"backend": "etcd", "etcd": {"endpoints": ["http://e:1"],
-      "endpoint": "x"}}})").find("state.etcd.endpoint"), std::string::npos);
+      "endpoint": "x"}}})")
+                .find("state.etcd.endpoint"),
+            std::string::npos);
   EXPECT_NE(Err(R"({"state": {"backend": "etcd"}})").find("state.etcd.endpoints"),
             std::string::npos);
   EXPECT_NE(Err(R"({"state": {"backend": "etcd", "etcd": {"endpoints": "http://e:1"}}})")
@@ -50,17 +52,29 @@ TEST(EtcdConfigTest, ErrorsNameTheKey) {
                 .find("state.etcd.endpoints"),
             std::string::npos);
   EXPECT_NE(Err(R"({"state": {"backend": "etcd", "etcd": {"endpoints": ["http://e:1"],
-      "prefix": "nope"}}})").find("state.etcd.prefix"), std::string::npos);
+      "prefix": "nope"}}})")
+                .find("state.etcd.prefix"),
+            std::string::npos);
   EXPECT_NE(Err(R"({"state": {"backend": "etcd", "etcd": {"endpoints": ["http://e:1"],
-      "member_ttl_seconds": 1}}})").find("state.etcd.member_ttl_seconds"), std::string::npos);
+      "member_ttl_seconds": 1}}})")
+                .find("state.etcd.member_ttl_seconds"),
+            std::string::npos);
   EXPECT_NE(Err(R"({"state": {"backend": "etcd", "etcd": {"endpoints": ["http://e:1"],
-      "cert_file": "/c"}}})").find("state.etcd.key_file"), std::string::npos);
+      "cert_file": "/c"}}})")
+                .find("state.etcd.key_file"),
+            std::string::npos);
   EXPECT_NE(Err(R"({"state": {"backend": "etcd", "etcd": {"endpoints": ["http://e:1"],
-      "username": "u"}}})").find("state.etcd.password_file"), std::string::npos);
+      "username": "u"}}})")
+                .find("state.etcd.password_file"),
+            std::string::npos);
   EXPECT_NE(Err(R"({"state": {"backend": "etcd", "etcd": {"endpoints": ["http://e:1"],
-      "password": "inline"}}})").find("state.etcd.password"), std::string::npos);
+      "password": "inline"}}})")
+                .find("state.etcd.password"),
+            std::string::npos);
   EXPECT_NE(Err(R"({"state": {"backend": "etcd", "path": "/x.db",
-      "etcd": {"endpoints": ["http://e:1"]}}})").find("state.path"), std::string::npos);
+      "etcd": {"endpoints": ["http://e:1"]}}})")
+                .find("state.path"),
+            std::string::npos);
   EXPECT_NE(Err(R"({"state": {"backend": "sqlite", "etcd": {"endpoints": ["http://e:1"]}}})")
                 .find("state.etcd"),
             std::string::npos);

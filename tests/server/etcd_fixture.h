@@ -81,14 +81,22 @@ class EtcdServer {
     const std::string client = endpoint();
     const std::string peer = absl::StrCat("http://127.0.0.1:", peer_port_);
     std::vector<std::string> args = {kEtcdPath,
-                                     "--name", "t",
-                                     "--data-dir", dir_.path() + "/data",
-                                     "--listen-client-urls", client,
-                                     "--advertise-client-urls", client,
-                                     "--listen-peer-urls", peer,
-                                     "--initial-advertise-peer-urls", peer,
-                                     "--initial-cluster", "t=" + peer,
-                                     "--log-level", "warn"};
+                                     "--name",
+                                     "t",
+                                     "--data-dir",
+                                     dir_.path() + "/data",
+                                     "--listen-client-urls",
+                                     client,
+                                     "--advertise-client-urls",
+                                     client,
+                                     "--listen-peer-urls",
+                                     peer,
+                                     "--initial-advertise-peer-urls",
+                                     peer,
+                                     "--initial-cluster",
+                                     "t=" + peer,
+                                     "--log-level",
+                                     "warn"};
     if (!tls_.cert_file.empty()) {
       args.insert(args.end(), {"--cert-file", tls_.cert_file, "--key-file", tls_.key_file});
     }
@@ -115,22 +123,22 @@ class EtcdServer {
   bool WaitHealthy(absl::Duration limit) {
     HttpClient http("etcd-fixture");
     return WaitFor(
-        [&] {
-          int status = 0;
-          if (pid_ > 0 && waitpid(pid_, &status, WNOHANG) == pid_) {
-            pid_ = -1;  // it died
-            return true;
-          }
-          HttpRequest req;
-          req.url = endpoint() + "/health";
-          req.timeout = absl::Seconds(2);
-          req.ca_file = tls_.cert_file;
-          req.cert_file = tls_.client_ca_file.empty() ? "" : tls_.cert_file;
-          req.key_file = tls_.client_ca_file.empty() ? "" : tls_.key_file;
-          auto r = http.Send(req);
-          return r.ok() && r->status == 200 && absl::StrContains(r->body, "\"true\"");
-        },
-        limit) &&
+               [&] {
+                 int status = 0;
+                 if (pid_ > 0 && waitpid(pid_, &status, WNOHANG) == pid_) {
+                   pid_ = -1;  // it died
+                   return true;
+                 }
+                 HttpRequest req;
+                 req.url = endpoint() + "/health";
+                 req.timeout = absl::Seconds(2);
+                 req.ca_file = tls_.cert_file;
+                 req.cert_file = tls_.client_ca_file.empty() ? "" : tls_.cert_file;
+                 req.key_file = tls_.client_ca_file.empty() ? "" : tls_.key_file;
+                 auto r = http.Send(req);
+                 return r.ok() && r->status == 200 && absl::StrContains(r->body, "\"true\"");
+               },
+               limit) &&
            pid_ > 0;
   }
 

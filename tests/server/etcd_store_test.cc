@@ -1,6 +1,9 @@
 // The etcd store and client against a real etcd on loopback (the fixture
 // starts /usr/bin/etcd per test), plus a fake "etcd" answering garbage.
 
+#include "server/etcd_store.h"
+
+#include <gtest/gtest.h>
 #include <httplib.h>
 
 #include <atomic>
@@ -8,12 +11,9 @@
 #include <set>
 #include <thread>
 
-#include <gtest/gtest.h>
-
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/etcd_client.h"
-#include "server/etcd_store.h"
 #include "tests/server/etcd_fixture.h"
 #include "tests/testing/test_cert.h"
 
@@ -261,11 +261,11 @@ TEST_F(EtcdStoreTest, ClientTxnCompares) {
   ASSERT_TRUE(kv.ok() && kv->has_value());
   EXPECT_EQ((*kv)->mod_revision, *put);
   EXPECT_EQ((*kv)->version, 1);
-  auto t = c->Txn({EtcdCompare::Value("/x", R::kEqual, "1"),
-                   EtcdCompare::Version("/x", R::kEqual, 1),
-                   EtcdCompare::CreateRevision("/x", R::kEqual, (*kv)->create_revision),
-                   EtcdCompare::ModRevision("/x", R::kLess, *put + 1)},
-                  {EtcdOp::Put("/x", "2"), EtcdOp::Get("/x")}, {EtcdOp::Get("/x")});
+  auto t =
+      c->Txn({EtcdCompare::Value("/x", R::kEqual, "1"), EtcdCompare::Version("/x", R::kEqual, 1),
+              EtcdCompare::CreateRevision("/x", R::kEqual, (*kv)->create_revision),
+              EtcdCompare::ModRevision("/x", R::kLess, *put + 1)},
+             {EtcdOp::Put("/x", "2"), EtcdOp::Get("/x")}, {EtcdOp::Get("/x")});
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_TRUE(t->succeeded);
   ASSERT_EQ(t->responses.size(), 2u);
@@ -353,7 +353,8 @@ TEST_F(EtcdStoreTest, ClaimByTwoMembersExactlyOneWins) {
   std::vector<absl::StatusOr<ClaimResult>> ra(kSessions, absl::UnknownError("")),
       rb(kSessions, absl::UnknownError(""));
   std::thread ta([&] {
-    for (int i = 0; i < kSessions; ++i) ra[i] = store_->ClaimSession("t", absl::StrCat("s", i), "a");
+    for (int i = 0; i < kSessions; ++i)
+      ra[i] = store_->ClaimSession("t", absl::StrCat("s", i), "a");
   });
   std::thread tb([&] {
     for (int i = 0; i < kSessions; ++i) rb[i] = other->ClaimSession("t", absl::StrCat("s", i), "b");
@@ -439,8 +440,8 @@ TEST_F(EtcdStoreTest, OneHolderOfThePrefixLock) {
   EXPECT_NE(refused.status().message().find("broker-1"), absl::string_view::npos)
       << refused.status();
   // Another prefix is free.
-  EXPECT_TRUE(OpenStore("/other/")->LockPrefix("broker-2", absl::Seconds(2),
-                                               absl::ZeroDuration()).ok());
+  EXPECT_TRUE(
+      OpenStore("/other/")->LockPrefix("broker-2", absl::Seconds(2), absl::ZeroDuration()).ok());
   // A holder that stops renewing (crashed) is waited out.
   (*first)->StopKeepAlive();
   auto second = other->LockPrefix("broker-2", absl::Seconds(2), absl::Seconds(15));
@@ -470,8 +471,8 @@ TEST_F(EtcdStoreTest, EtcdKilledGivesUnavailableThenRecovers) {
   EXPECT_TRUE(unavailable(store_->TouchSessions({{"t", "kept", absl::Now()}})));
   EXPECT_TRUE(unavailable(store_->DeleteSession("t", "kept")));
   EXPECT_TRUE(unavailable(store_->ClaimSession("t", "other", "a").status()));
-  EXPECT_TRUE(unavailable(store_->PutSessionFenced(Row("t", "kept", StoredState::kReady),
-                                                   claim->owner.fence)));
+  EXPECT_TRUE(unavailable(
+      store_->PutSessionFenced(Row("t", "kept", StoredState::kReady), claim->owner.fence)));
   EXPECT_TRUE(unavailable(store_->ListMembers().status()));
   EXPECT_TRUE(unavailable(store_->RegisterMember("b", "b:1", absl::Seconds(5)).status()));
   EXPECT_TRUE(unavailable((*m)->KeepAliveOnce()));
@@ -547,6 +548,11 @@ TEST_F(EtcdStoreTest, AuthWithPasswordAndNoSecretInErrors) {
   ASSERT_TRUE(s.ok()) << s.status();
   ASSERT_TRUE((*s)->PutSession(Row("t", "a", StoredState::kReady)).ok());
   EXPECT_EQ((*s)->LoadSessions()->size(), 1u);
+  // A restarted etcd forgets its simple tokens: the client authenticates again.
+  ASSERT_TRUE(etcd_.Restart());
+  auto after = (*s)->LoadSessions();
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->size(), 1u);
 
   o.etcd.password = "wrong-pw-XYZ";
   auto bad = EtcdStore::Open(o);
