@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base64.h"
+#include "common/log.h"
 #include "common/text.h"
 #include "nlohmann/json.hpp"
 
@@ -21,6 +22,7 @@ using json = nlohmann::json;
 
 constexpr char kSchemaVersion[] = "1";
 constexpr size_t kChunk = 64;  // keys per transaction (etcd: --max-txn-ops 128)
+constexpr size_t kChunkBytes = size_t{512} << 10;
 constexpr int kUpdateAttempts = 10;
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -258,6 +260,10 @@ absl::Status EtcdMember::KeepAliveOnce() {
   if (ttl.status().code() == absl::StatusCode::kNotFound) {
     lost_.store(true);
     store_->MemberGone(id_, lease_);
+    Log(LogLevel::kWarning, "state.etcd.lease_lost",
+        {{"holder", id_},
+         {"lease", lease_},
+         {"message", "the lease expired (etcd unreachable for longer than its TTL?)"}});
   }
   return ttl.status();
 }
@@ -388,16 +394,27 @@ absl::Status EtcdStore::PutSession(const SessionRecord& record) {
 }
 
 absl::Status EtcdStore::PutSessions(const std::vector<SessionRecord>& records) {
-  for (size_t i = 0; i < records.size(); i += kChunk) {
-    std::vector<EtcdOp> ops;
-    for (size_t j = i; j < records.size() && j < i + kChunk; ++j) {
-      ops.push_back(EtcdOp::Put(SessionKey(records[j].tenant, records[j].session_id),
-                                SessionJson(records[j])));
-    }
+  // Chunks of at most kChunk keys and about kChunkBytes (etcd refuses
+  // requests over --max-request-bytes, 1.5 MiB by default).
+  std::vector<EtcdOp> ops;
+  size_t bytes = 0;
+  auto flush = [&]() -> absl::Status {
+    if (ops.empty()) return absl::OkStatus();
     absl::StatusOr<EtcdTxnResult> r = client_->Txn({}, ops);
-    if (!r.ok()) return r.status();
+    ops.clear();
+    bytes = 0;
+    return r.status();
+  };
+  for (const SessionRecord& rec : records) {
+    EtcdOp op = EtcdOp::Put(SessionKey(rec.tenant, rec.session_id), SessionJson(rec));
+    const size_t size = op.key.size() + op.value.size();
+    if (!ops.empty() && (ops.size() >= kChunk || bytes + size > kChunkBytes)) {
+      if (absl::Status s = flush(); !s.ok()) return s;
+    }
+    bytes += size;
+    ops.push_back(std::move(op));
   }
-  return absl::OkStatus();
+  return flush();
 }
 
 absl::Status EtcdStore::DeleteSession(const std::string& tenant, const std::string& id) {
@@ -411,16 +428,19 @@ absl::Status EtcdStore::UpdateKeys(
     const std::vector<std::string>& keys,
     const std::function<std::optional<std::string>(size_t, const std::optional<std::string>&)>&
         update) {
-  for (size_t i = 0; i < keys.size(); i += kChunk) {
-    const size_t end = std::min(keys.size(), i + kChunk);
+  size_t window = kChunk;  // halved while the write would be over kChunkBytes
+  for (size_t i = 0; i < keys.size();) {
+    const size_t end = std::min(keys.size(), i + window);
     bool done = false;
-    for (int attempt = 0; attempt < kUpdateAttempts && !done; ++attempt) {
+    bool too_big = false;
+    for (int attempt = 0; attempt < kUpdateAttempts && !done && !too_big; ++attempt) {
       std::vector<EtcdOp> gets;
       for (size_t j = i; j < end; ++j) gets.push_back(EtcdOp::Get(keys[j]));
       absl::StatusOr<EtcdTxnResult> read = client_->Txn({}, gets);
       if (!read.ok()) return read.status();
       std::vector<EtcdCompare> compares;
       std::vector<EtcdOp> puts;
+      size_t bytes = 0;
       for (size_t j = i; j < end; ++j) {
         const EtcdOpResult& got = read->responses[j - i];
         std::optional<std::string> old;
@@ -431,7 +451,12 @@ absl::Status EtcdStore::UpdateKeys(
                                ? EtcdCompare::ModRevision(keys[j], EtcdCompare::Result::kEqual,
                                                           got.kvs[0].mod_revision)
                                : EtcdCompare::Absent(keys[j]));
+        bytes += keys[j].size() + next->size();
         puts.push_back(EtcdOp::Put(keys[j], *std::move(next)));
+      }
+      if (bytes > kChunkBytes && end - i > 1) {
+        too_big = true;  // fewer keys per transaction, same start
+        break;
       }
       if (puts.empty()) {
         done = true;
@@ -441,10 +466,15 @@ absl::Status EtcdStore::UpdateKeys(
       if (!w.ok()) return w.status();
       done = w->succeeded;
     }
+    if (too_big) {
+      window = std::max<size_t>(1, (end - i) / 2);
+      continue;
+    }
     if (!done) {
       return absl::AbortedError(absl::StrCat("state: etcd: keys kept changing during a ",
                                              kUpdateAttempts, "-attempt read-modify-write"));
     }
+    i = end;
   }
   return absl::OkStatus();
 }

@@ -252,6 +252,31 @@ TEST_F(EtcdStoreTest, PagingOverManyKeys) {
   EXPECT_EQ(c->DeletePrefix("/p/").value_or(-1), 10);
 }
 
+TEST_F(EtcdStoreTest, LargeBatchesStayUnderEtcdsRequestLimit) {
+  // 100 rows of 40 KB: 4 MB; 64 of them (one txn by count) are over etcd's 1.5 MiB.
+  std::vector<SessionRecord> rows;
+  for (int i = 0; i < 100; ++i) {
+    rows.push_back(Row("t", absl::StrCat("big", i), StoredState::kReady));
+    rows.back().spec_json = absl::StrCat(R"({"pad":")", std::string(40000, 'x'), R"("})");
+  }
+  ASSERT_TRUE(store_->PutSessions(rows).ok());
+  auto loaded = store_->LoadSessions();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->size(), 100u);
+  EXPECT_EQ((*loaded)[0].spec_json.size(), rows[0].spec_json.size());
+  // Touching them all rewrites 4 MB too.
+  std::vector<SessionStore::Touch> touches;
+  for (const SessionRecord& r : rows) {
+    touches.push_back({r.tenant, r.session_id, absl::FromUnixSeconds(1900000000)});
+  }
+  ASSERT_TRUE(store_->TouchSessions(touches).ok());
+  loaded = store_->LoadSessions();
+  ASSERT_TRUE(loaded.ok());
+  for (const SessionRecord& r : *loaded) {
+    EXPECT_EQ(r.last_active_at, absl::FromUnixSeconds(1900000000));
+  }
+}
+
 TEST_F(EtcdStoreTest, ClientTxnCompares) {
   EtcdClient* c = store_->client();
   using R = EtcdCompare::Result;
