@@ -32,8 +32,10 @@
 // token stale" and write nothing.
 //
 // Multi-key writes (PutSessions, TouchSessions, AddUsage) are one
-// transaction per chunk of up to 64 keys (etcd's --max-txn-ops defaults to
-// 128); read-modify-writes compare each key's mod_revision and retry.
+// transaction per chunk of up to 64 keys and about 512 KiB (etcd's
+// --max-txn-ops defaults to 128, --max-request-bytes to 1.5 MiB): atomic per
+// chunk, not per call. Read-modify-writes compare each key's mod_revision
+// and retry. DeleteSession leaves the owner key (ReleaseSession's job).
 
 #include <atomic>
 #include <cstdint>
