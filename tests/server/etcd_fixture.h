@@ -2,13 +2,15 @@
 
 // A real etcd (/usr/bin/etcd) on loopback for one test: free ports picked by
 // binding port 0, a fresh data dir, ready when /health says so, SIGKILLed in
-// the destructor. Kill9() and Restart() (same ports, same data dir) let
-// tests take it away and bring it back.
+// the destructor (and when the test process dies: PR_SET_PDEATHSIG, set by
+// the forking thread, the test's main thread). Kill9() and Restart() (same
+// ports, same data dir) let tests take it away and bring it back.
 
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -106,6 +108,8 @@ class EtcdServer {
     const std::string log = dir_.path() + "/etcd.log";
     pid_ = fork();
     if (pid_ == 0) {
+      // A test that crashes or is killed takes its etcd with it.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
       int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
       if (fd >= 0) {
         dup2(fd, 1);
