@@ -14,6 +14,37 @@
 #include "grpcpp/server_builder.h"
 
 namespace sandbox {
+namespace {
+
+// state.etcd -> the store's options (the password read from its file).
+absl::StatusOr<EtcdStoreOptions> EtcdOptionsFromConfig(const BrokerConfig::StateEtcd& c) {
+  EtcdStoreOptions o;
+  o.prefix = c.prefix;
+  o.etcd.endpoints = c.endpoints;
+  o.etcd.ca_file = c.ca_file;
+  o.etcd.cert_file = c.cert_file;
+  o.etcd.key_file = c.key_file;
+  o.etcd.username = c.username;
+  if (!c.password_file.empty()) {
+    std::ifstream in(c.password_file, std::ios::binary);
+    if (!in) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("state.etcd.password_file: cannot read ", c.password_file));
+    }
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string pw = ss.str();
+    while (!pw.empty() && (pw.back() == '\n' || pw.back() == '\r')) pw.pop_back();
+    if (pw.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("state.etcd.password_file: ", c.password_file, " is empty"));
+    }
+    o.etcd.password = std::move(pw);
+  }
+  return o;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
     const BrokerConfig& config, std::unique_ptr<ProviderRegistry> providers, Options options) {
@@ -48,6 +79,16 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
         {{"message",
           "state.backend is \"memory\": sessions do not survive a restart, and sandboxes "
           "left by a crash are never adopted"}});
+  } else if (config.state_backend == "etcd") {
+    ASSIGN_OR_RETURN(EtcdStoreOptions etcd_options, EtcdOptionsFromConfig(config.state_etcd));
+    ASSIGN_OR_RETURN(std::unique_ptr<EtcdStore> etcd, EtcdStore::Open(std::move(etcd_options)));
+    // One broker per prefix (as SQLite's flock): wait out a crashed
+    // holder's lease, then refuse.
+    const absl::Duration ttl = absl::Seconds(config.state_etcd.member_ttl_seconds);
+    ASSIGN_OR_RETURN(s->etcd_lock_,
+                     etcd->LockPrefix(instance_id, ttl, ttl + absl::Seconds(2)));
+    s->owned_store_ = std::move(etcd);
+    s->store_ = s->owned_store_.get();
   } else {
     state_path = config.state_path.empty() ? DefaultStatePath() : config.state_path;
     ASSIGN_OR_RETURN(s->owned_store_, OpenSqliteStore(state_path));
@@ -256,6 +297,7 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
 
 std::vector<WarmPool*> BrokerServer::pools() const {
   std::vector<WarmPool*> out;
+  if (providers_ == nullptr) return out;
   for (const std::string& name : providers_->Names()) {
     if (auto* pool = dynamic_cast<WarmPool*>(*providers_->Find(name))) out.push_back(pool);
   }
@@ -335,13 +377,14 @@ void BrokerServer::Shutdown(absl::Duration grace) {
   if (!stop_health_.HasBeenNotified()) stop_health_.Notify();
   if (health_thread_.joinable()) health_thread_.join();
   // Calls still running at the deadline are cancelled; their runs see it.
-  server_->Shutdown(absl::ToChronoTime(Clock::Real()->Now() + grace));
+  // A Start that failed part way (the store refused, say) has no server.
+  if (server_) server_->Shutdown(absl::ToChronoTime(Clock::Real()->Now() + grace));
   if (mcp_http_) {
     mcp_->CancelAll();
     mcp_http_->Stop();
     mcp_->CloseAllSessions();
   }
-  if (config_.drain_close_sandboxes) sessions_->CloseAll();
+  if (config_.drain_close_sandboxes && sessions_) sessions_->CloseAll();
   // Unclaimed pool members serve no session: destroyed, durable or not.
   for (WarmPool* pool : pools()) pool->Stop();
   FlushUsage();  // after the last calls and closes were metered

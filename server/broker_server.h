@@ -27,6 +27,7 @@
 #include "server/usage.h"
 #include "server/run_ledger.h"
 #include "server/session_manager.h"
+#include "server/etcd_store.h"
 #include "server/session_store.h"
 #include "server/warm_pool.h"
 
@@ -130,6 +131,9 @@ class BrokerServer {
   // Declared before the session table: they outlive it.
   std::unique_ptr<SessionStore> owned_store_;
   SessionStore* store_ = nullptr;
+  // state.backend "etcd": this broker's hold on the prefix (released before
+  // the store goes).
+  std::unique_ptr<EtcdMember> etcd_lock_;
   std::unique_ptr<RunLedger> runs_;
   // Before the session table, which holds pointers to them.
   std::vector<std::unique_ptr<Limiter>> create_limiters_;

@@ -3,6 +3,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/config_reader.h"
 #include "common/status_macros.h"
@@ -73,11 +74,52 @@ absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text) {
   c.drain_close_sandboxes = r.Bool("drain_close_sandboxes", c.drain_close_sandboxes);
   {
     ConfigReader state(r.Object("state"), "state");
-    c.state_backend = state.Enum("backend", c.state_backend, {"sqlite", "memory"});
+    c.state_backend = state.Enum("backend", c.state_backend, {"sqlite", "memory", "etcd"});
     c.state_path = state.String("path", "");
+    const bool has_etcd = state.Has("etcd");
+    {
+      BrokerConfig::StateEtcd& e = c.state_etcd;
+      ConfigReader etcd(state.Object("etcd"), "state.etcd");
+      e.endpoints = etcd.StringList("endpoints");
+      e.prefix = etcd.String("prefix", e.prefix, /*allow_empty=*/false);
+      e.member_ttl_seconds = etcd.Int("member_ttl_seconds", e.member_ttl_seconds, 2, 3600);
+      e.ca_file = etcd.String("ca_file", "");
+      e.cert_file = etcd.String("cert_file", "");
+      e.key_file = etcd.String("key_file", "");
+      e.username = etcd.String("username", "");
+      e.password_file = etcd.String("password_file", "");
+      RETURN_IF_ERROR(etcd.Finish());
+    }
     RETURN_IF_ERROR(state.Finish());
-    if (c.state_backend == "memory" && !c.state_path.empty()) {
+    if (c.state_backend != "sqlite" && !c.state_path.empty()) {
       return absl::InvalidArgumentError("state.path: only for backend \"sqlite\"");
+    }
+    if (c.state_backend != "etcd" && has_etcd) {
+      return absl::InvalidArgumentError("state.etcd: only for backend \"etcd\"");
+    }
+    if (c.state_backend == "etcd") {
+      const BrokerConfig::StateEtcd& e = c.state_etcd;
+      if (e.endpoints.empty()) {
+        return absl::InvalidArgumentError(
+            "state.etcd.endpoints: state.backend \"etcd\" needs at least one endpoint");
+      }
+      for (const std::string& ep : e.endpoints) {
+        if (!absl::StartsWith(ep, "http://") && !absl::StartsWith(ep, "https://")) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "state.etcd.endpoints: \"", ep, "\" is not an http:// or https:// URL"));
+        }
+      }
+      if (e.prefix.front() != '/' || e.prefix.back() != '/') {
+        return absl::InvalidArgumentError("state.etcd.prefix: must start and end with '/'");
+      }
+      if (e.cert_file.empty() != e.key_file.empty()) {
+        return absl::InvalidArgumentError(
+            "state.etcd.cert_file, state.etcd.key_file: give both or neither");
+      }
+      if (e.username.empty() != e.password_file.empty()) {
+        return absl::InvalidArgumentError(
+            "state.etcd.username, state.etcd.password_file: give both or neither");
+      }
     }
     if (!c.state_path.empty() && c.state_path.front() != '/') {
       return absl::InvalidArgumentError("state.path: must be an absolute path");

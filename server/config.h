@@ -57,10 +57,24 @@ struct BrokerConfig {
   bool drain_close_sandboxes = true;
   bool drain_close_sandboxes_set = false;
   // Durable sessions (README "Durable sessions"). state.backend: "sqlite"
-  // (default) or "memory"; state.path: the SQLite file ("" = the default,
+  // (default), "memory" or "etcd"; state.path: the SQLite file ("" = the default,
   // see DefaultStatePath).
   std::string state_backend = "sqlite";
   std::string state_path;
+  // state.etcd, for backend "etcd" (README "etcd backend (groundwork)"):
+  // one broker per prefix for now (it holds <prefix>lock under a lease).
+  struct StateEtcd {
+    std::vector<std::string> endpoints;  // http(s)://host:port, at least one
+    std::string prefix = "/sandbox-broker/";
+    int64_t member_ttl_seconds = 10;
+    // TLS (https endpoints): CA bundle, client certificate and key.
+    std::string ca_file;
+    std::string cert_file;
+    std::string key_file;
+    // etcd auth: the user, and a file holding its password.
+    std::string username;
+    std::string password_file;
+  } state_etcd;
   // Names this broker's sandboxes at the providers; "" = the id kept in the
   // store (random when it was created).
   std::string deployment_id;

@@ -187,6 +187,11 @@ struct curl_slist* Setup(CURL* curl, const HttpRequest& request, Transfer* t,
     curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS,
                      static_cast<long>(absl::ToInt64Milliseconds(request.timeout)));
   }
+  if (!request.ca_file.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, request.ca_file.c_str());
+  if (!request.cert_file.empty()) {
+    curl_easy_setopt(curl, CURLOPT_SSLCERT, request.cert_file.c_str());
+  }
+  if (!request.key_file.empty()) curl_easy_setopt(curl, CURLOPT_SSLKEY, request.key_file.c_str());
   curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, OnData);
   curl_easy_setopt(curl, CURLOPT_WRITEDATA, t);
   curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, OnHeader);

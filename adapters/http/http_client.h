@@ -34,6 +34,11 @@ struct HttpRequest {
   // A collected body larger than this fails the request (UNAVAILABLE): a
   // provider answering garbage cannot make the daemon buffer without bound.
   size_t max_response_bytes = size_t{256} << 20;
+  // TLS (https URLs): a PEM CA bundle to verify the server with instead of
+  // the system's, and a PEM client certificate and key. Empty = unset.
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
 };
 
 struct HttpResponse {

@@ -1,0 +1,169 @@
+#pragma once
+
+// A real etcd (/usr/bin/etcd) on loopback for one test: free ports picked by
+// binding port 0, a fresh data dir, ready when /health says so, SIGKILLed in
+// the destructor (and when the test process dies: PR_SET_PDEATHSIG, set by
+// the forking thread, the test's main thread). Kill9() and Restart() (same
+// ports, same data dir) let tests take it away and bring it back.
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "adapters/http/http_client.h"
+#include "tests/testing/temp_dir.h"
+
+namespace sandbox {
+
+inline constexpr char kEtcdPath[] = "/usr/bin/etcd";
+
+inline bool EtcdInstalled() { return access(kEtcdPath, X_OK) == 0; }
+
+// A port nobody is listening on now (bound to port 0, then released).
+inline int FreeLoopbackPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Polls `cond` every 50 ms until it holds or `limit` passes.
+template <typename F>
+bool WaitFor(F cond, absl::Duration limit) {
+  const absl::Time deadline = absl::Now() + limit;
+  while (absl::Now() < deadline) {
+    if (cond()) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return cond();
+}
+
+struct EtcdTls {
+  std::string cert_file, key_file;  // the server's
+  std::string client_ca_file;       // non-empty: clients must present a cert
+};
+
+class EtcdServer {
+ public:
+  explicit EtcdServer(EtcdTls tls = {}) : tls_(std::move(tls)) {
+    client_port_ = FreeLoopbackPort();
+    peer_port_ = FreeLoopbackPort();
+    while (peer_port_ == client_port_) peer_port_ = FreeLoopbackPort();
+  }
+  ~EtcdServer() { Kill9(); }
+
+  std::string endpoint() const {
+    return absl::StrCat(tls_.cert_file.empty() ? "http" : "https", "://127.0.0.1:", client_port_);
+  }
+  const std::string& data_dir_parent() const { return dir_.path(); }
+
+  // Starts etcd and waits until it is healthy. False on timeout.
+  bool Start() {
+    const std::string client = endpoint();
+    const std::string peer = absl::StrCat("http://127.0.0.1:", peer_port_);
+    std::vector<std::string> args = {kEtcdPath,
+                                     "--name",
+                                     "t",
+                                     "--data-dir",
+                                     dir_.path() + "/data",
+                                     "--listen-client-urls",
+                                     client,
+                                     "--advertise-client-urls",
+                                     client,
+                                     "--listen-peer-urls",
+                                     peer,
+                                     "--initial-advertise-peer-urls",
+                                     peer,
+                                     "--initial-cluster",
+                                     "t=" + peer,
+                                     "--log-level",
+                                     "warn"};
+    if (!tls_.cert_file.empty()) {
+      args.insert(args.end(), {"--cert-file", tls_.cert_file, "--key-file", tls_.key_file});
+    }
+    if (!tls_.client_ca_file.empty()) {
+      args.insert(args.end(), {"--client-cert-auth", "--trusted-ca-file", tls_.client_ca_file});
+    }
+    const std::string log = dir_.path() + "/etcd.log";
+    pid_ = fork();
+    if (pid_ == 0) {
+      // A test that crashes or is killed takes its etcd with it.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+      if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+      }
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(kEtcdPath, argv.data());
+      _exit(127);
+    }
+    return WaitHealthy(absl::Seconds(30));
+  }
+
+  bool WaitHealthy(absl::Duration limit) {
+    HttpClient http("etcd-fixture");
+    return WaitFor(
+               [&] {
+                 int status = 0;
+                 if (pid_ > 0 && waitpid(pid_, &status, WNOHANG) == pid_) {
+                   pid_ = -1;  // it died
+                   return true;
+                 }
+                 HttpRequest req;
+                 req.url = endpoint() + "/health";
+                 req.timeout = absl::Seconds(2);
+                 req.ca_file = tls_.cert_file;
+                 req.cert_file = tls_.client_ca_file.empty() ? "" : tls_.cert_file;
+                 req.key_file = tls_.client_ca_file.empty() ? "" : tls_.key_file;
+                 auto r = http.Send(req);
+                 return r.ok() && r->status == 200 && absl::StrContains(r->body, "\"true\"");
+               },
+               limit) &&
+           pid_ > 0;
+  }
+
+  void Kill9() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+  bool Restart() {
+    Kill9();
+    return Start();
+  }
+
+ private:
+  EtcdTls tls_;
+  TempDir dir_;
+  int client_port_ = 0;
+  int peer_port_ = 0;
+  pid_t pid_ = -1;
+};
+
+}  // namespace sandbox
