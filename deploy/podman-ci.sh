@@ -288,7 +288,18 @@ podman kill --signal TERM "$CTR" >/dev/null
 rc=$(timeout $((grace + 10)) podman wait "$CTR") || fail "not stopped within the drain grace ($grace s) + 10 s"
 took=$(python3 -c "print(round($(date +%s.%N) - $t, 1))")
 [ "$rc" = 0 ] || { podman logs "$CTR" | tail -n 20; fail "exit status $rc after SIGTERM"; }
-podman logs "$CTR" 2>&1 | grep -q '"event":"broker.exit"' || fail "no broker.exit in the logs"
+# conmon may still be writing the last lines when podman wait returns: look
+# for a few seconds, and show the tail when the line never comes.
+exit_logged() {
+  local i
+  for i in $(seq 1 20); do
+    podman logs "$1" 2>&1 | grep -c '"event":"broker.exit"' | grep -qv '^0$' && return 0
+    sleep 0.5
+  done
+  podman logs "$1" 2>&1 | tail -n 15
+  return 1
+}
+exit_logged "$CTR" || fail "no broker.exit in the logs"
 say "run-line: SIGTERM -> exit 0 in $took s (drain grace $grace s)"
 podman rm "$CTR" >/dev/null 2>>"$PLOG"
 
