@@ -140,10 +140,11 @@ class BrokerServer {
   std::unique_ptr<SessionManager> sessions_;
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<BrokerCore> core_;
-  // Destroyed before the core and the session table (declared after them):
-  // its destructor finishes queued work, which uses both.
-  std::unique_ptr<WorkPool> blocking_;
   std::unique_ptr<BrokerService> service_;
+  // Destroyed before the service, the core and the session table (declared
+  // after them): its destructor finishes the work still queued or running,
+  // which uses them.
+  std::unique_ptr<WorkPool> blocking_;
   std::unique_ptr<Reloader> reloader_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<Metrics> metrics_;

@@ -29,14 +29,16 @@ BrokerService::BrokerService(BrokerCore* core, const Authenticator* auth, Clock*
              absl::Milliseconds(limits.queue_timeout_ms)) {
   // The method indices are the proto's order (broker.proto).
   using M = Mode;
-  auto blocking = [this](auto call) {
-    return [this, call](const CallContext& cc, auto req, auto done) {
-      core_->blocking_pool()->Submit([this, call, cc, req, done] { done((core_->*call)(cc, *req)); });
+  // The handlers hold the core, not this service: work still running on the
+  // pool at shutdown never touches a destroyed service.
+  auto blocking = [core](auto call) {
+    return [core, call](const CallContext& cc, auto req, auto done) {
+      core->blocking_pool()->Submit([core, call, cc, req, done] { done((core->*call)(cc, *req)); });
     };
   };
-  auto inline_ = [this](auto call) {
-    return [this, call](const CallContext& cc, auto req, auto done) {
-      done((core_->*call)(cc, *req));
+  auto inline_ = [core](auto call) {
+    return [core, call](const CallContext& cc, auto req, auto done) {
+      done((core->*call)(cc, *req));
     };
   };
   (void)sizeof(M);
@@ -49,12 +51,12 @@ BrokerService::BrokerService(BrokerCore* core, const Authenticator* auth, Clock*
   RegisterUnary<pb::ListSessionsRequest, pb::ListSessionsResponse>(
       3, "ListSessions", inline_(&BrokerCore::ListSessions));
   RegisterUnary<pb::RunRequest, pb::RunResult>(
-      4, "Run", [this](const CallContext& cc, auto req, auto done) {
-        core_->RunAsync(cc, *req, [req, done](absl::StatusOr<pb::RunResult> r) { done(std::move(r)); });
+      4, "Run", [core](const CallContext& cc, auto req, auto done) {
+        core->RunAsync(cc, *req, [req, done](absl::StatusOr<pb::RunResult> r) { done(std::move(r)); });
       });
   RegisterUnary<pb::ShellRequest, pb::RunResult>(
-      5, "Shell", [this](const CallContext& cc, auto req, auto done) {
-        core_->ShellAsync(cc, *req,
+      5, "Shell", [core](const CallContext& cc, auto req, auto done) {
+        core->ShellAsync(cc, *req,
                           [req, done](absl::StatusOr<pb::RunResult> r) { done(std::move(r)); });
       });
   RegisterUnary<pb::WriteFileRequest, pb::WriteFileResponse>(6, "WriteFile",
