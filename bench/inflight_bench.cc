@@ -80,8 +80,7 @@ int main(int argc, char** argv) {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     args.SetInt("bench.channel", i);
-    channels.push_back(
-        grpc::CreateCustomChannel(addr, grpc::InsecureChannelCredentials(), args));
+    channels.push_back(grpc::CreateCustomChannel(addr, grpc::InsecureChannelCredentials(), args));
     stubs.push_back(pb::SandboxBroker::NewStub(channels.back()));
   }
   auto session = [&](int i) { return absl::StrCat(prefix, "-", i % sessions); };
@@ -125,8 +124,8 @@ int main(int argc, char** argv) {
     c->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
     auto done = [c, t0, &mu, &pending](grpc::Status s) {
       c->status = s;
-      c->ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                  .count();
+      c->ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       absl::MutexLock l(&mu);
       --pending;
     };
@@ -168,17 +167,20 @@ int main(int argc, char** argv) {
     ms.push_back(c->ms);
   }
   std::sort(ms.begin(), ms.end());
-  auto pct = [&](double q) { return ms.empty() ? 0.0 : ms[std::min(ms.size() - 1, size_t(q * ms.size()))]; };
+  auto pct = [&](double q) {
+    return ms.empty() ? 0.0 : ms[std::min(ms.size() - 1, size_t(q * ms.size()))];
+  };
   std::printf("calls %d sessions %d: errors %d%s%s\n", calls, sessions, errors,
               errors ? " first: " : "", first_error.c_str());
   std::printf("  fired in %.0f ms; p50 %.0f ms  p99 %.0f ms  max %.0f ms\n", fired_ms, pct(0.5),
               pct(0.99), ms.empty() ? 0.0 : ms.back());
-  if (baseline_ms > 0) std::printf("  p50 / %.0f ms = %.3fx\n", baseline_ms, pct(0.5) / baseline_ms);
+  if (baseline_ms > 0)
+    std::printf("  p50 / %.0f ms = %.3fx\n", baseline_ms, pct(0.5) / baseline_ms);
   if (pid > 0) {
-    std::printf("  broker threads %d -> peak %d; RSS %lld KiB -> peak %lld KiB (%.1f KiB per call)\n",
-                before.threads, peak.threads, static_cast<long long>(before.rss_kib),
-                static_cast<long long>(peak.rss_kib),
-                double(peak.rss_kib - before.rss_kib) / calls);
+    std::printf(
+        "  broker threads %d -> peak %d; RSS %lld KiB -> peak %lld KiB (%.1f KiB per call)\n",
+        before.threads, peak.threads, static_cast<long long>(before.rss_kib),
+        static_cast<long long>(peak.rss_kib), double(peak.rss_kib - before.rss_kib) / calls);
   }
   return errors == 0 ? 0 : 1;
 }

@@ -238,9 +238,9 @@ int AdminMain(const std::shared_ptr<grpc::Channel>& channel, const AdminFlags& f
       return 0;
     }
     auto table = [](const google::protobuf::RepeatedPtrField<sandbox::pb::TenantUsage>& list) {
-      std::vector<std::vector<std::string>> rows{{"TENANT", "PROVIDER", "SESSIONS", "RUNS",
-                                                  "RUN_S", "SANDBOX_S", "CPU_S", "OUTPUT_B",
-                                                  "FILE_B", "OOM", "REFUSED"}};
+      std::vector<std::vector<std::string>> rows{{"TENANT", "PROVIDER", "SESSIONS", "RUNS", "RUN_S",
+                                                  "SANDBOX_S", "CPU_S", "OUTPUT_B", "FILE_B", "OOM",
+                                                  "REFUSED"}};
       for (const auto& u : list) {
         rows.push_back({u.tenant(), u.provider(), std::to_string(u.sessions_created()),
                         std::to_string(u.runs()), Num(u.run_seconds()), Num(u.sandbox_seconds()),

@@ -5,8 +5,8 @@
 
 namespace sandbox {
 
-Limiter::Limiter(std::string name, int64_t limit, int64_t max_queued,
-                 absl::Duration queue_timeout, EventLoop* loop)
+Limiter::Limiter(std::string name, int64_t limit, int64_t max_queued, absl::Duration queue_timeout,
+                 EventLoop* loop)
     : name_(std::move(name)),
       limit_(limit),
       max_queued_(max_queued < 0 ? 0 : max_queued),

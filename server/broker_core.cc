@@ -1,9 +1,9 @@
 #include "server/broker_core.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <optional>
-#include <algorithm>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -312,10 +312,9 @@ Limiter* BrokerCore::TenantRunLimiter(const std::string& tenant) {
   absl::MutexLock l(&limiters_mu_);
   std::unique_ptr<Limiter>& lim = tenant_runs_[tenant];
   if (!lim) {
-    lim = std::make_unique<Limiter>("max_concurrent_runs_per_tenant",
-                                    config_.limits.max_concurrent_runs_per_tenant,
-                                    config_.limits.max_queued_calls,
-                                    absl::Milliseconds(config_.limits.queue_timeout_ms));
+    lim = std::make_unique<Limiter>(
+        "max_concurrent_runs_per_tenant", config_.limits.max_concurrent_runs_per_tenant,
+        config_.limits.max_queued_calls, absl::Milliseconds(config_.limits.queue_timeout_ms));
   }
   return lim.get();
 }
@@ -354,9 +353,9 @@ absl::Status BrokerCore::Ready(ExecPlan& plan) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<pb::RunResult> BrokerCore::Finish(ExecPlan& plan,
-                                                 absl::StatusOr<ExecResult> exec) {
-  if (!exec.ok()) return DropIfGone(plan.ctx, plan.session_id, std::move(plan.lease), exec.status());
+absl::StatusOr<pb::RunResult> BrokerCore::Finish(ExecPlan& plan, absl::StatusOr<ExecResult> exec) {
+  if (!exec.ok())
+    return DropIfGone(plan.ctx, plan.session_id, std::move(plan.lease), exec.status());
   ExecResult& r = *exec;
   const std::string& provider = plan.lease.provider();
   if (metrics_) metrics_->RunFinished(provider, r.output.size(), r.timed_out);
@@ -388,9 +387,9 @@ absl::StatusOr<pb::RunResult> BrokerCore::Exec(
     std::function<void(OutputStream, absl::string_view)> on_output) {
   std::optional<RequestIdScope> scope;
   if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
-  ASSIGN_OR_RETURN(std::unique_ptr<ExecPlan> plan,
-                   AdmitRun(ctx, session_id, spec, language, language_given, code,
-                            timeout_seconds, env));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<ExecPlan> plan,
+      AdmitRun(ctx, session_id, spec, language, language_given, code, timeout_seconds, env));
   plan->on_output = std::move(on_output);
   if (Limiter* lim = TenantRunLimiter(ctx.tenant)) {
     if (absl::Status s = lim->AcquireBlocking(); !s.ok()) {
@@ -428,8 +427,7 @@ void BrokerCore::ExecAsync(std::unique_ptr<ExecPlan> plan, RunDone done) {
 void BrokerCore::AcquireAsync(std::shared_ptr<ExecPlan> shared, RunDone done) {
   bool would_block = false;
   absl::StatusOr<sandbox::Lease> lease =
-      sessions_->TryAcquire(shared->ctx.tenant, shared->session_id, &shared->create,
-                            &would_block);
+      sessions_->TryAcquire(shared->ctx.tenant, shared->session_id, &shared->create, &would_block);
   if (would_block) {
     // Another call is creating the sandbox: wait for it without a thread
     // (single-flight); its failure is this call's answer too.
@@ -497,9 +495,9 @@ void BrokerCore::RunAsync(const CallContext& ctx, const pb::RunRequest& req, Run
   }
   absl::StatusOr<Language> lang = ToLanguage(req.language());
   if (!lang.ok()) return done(lang.status());
-  auto plan = AdmitRun(ctx, req.session_id(), req.spec(), *lang,
-                    req.language() != pb::LANGUAGE_UNSPECIFIED, req.code(), req.timeout_seconds(),
-                    req.env());
+  auto plan =
+      AdmitRun(ctx, req.session_id(), req.spec(), *lang, req.language() != pb::LANGUAGE_UNSPECIFIED,
+               req.code(), req.timeout_seconds(), req.env());
   if (!plan.ok()) return done(plan.status());
   ExecAsync(std::move(*plan), std::move(done));
 }
@@ -510,7 +508,7 @@ void BrokerCore::ShellAsync(const CallContext& ctx, const pb::ShellRequest& req,
     return;
   }
   auto plan = AdmitRun(ctx, req.session_id(), req.spec(), Language::kShell, true, req.command(),
-                    req.timeout_seconds(), req.env());
+                       req.timeout_seconds(), req.env());
   if (!plan.ok()) return done(plan.status());
   ExecAsync(std::move(*plan), std::move(done));
 }
@@ -520,15 +518,14 @@ void BrokerCore::RunStreamAsync(const CallContext& ctx, const pb::RunRequest& re
                                 std::function<bool(std::function<void()>)> output_ready,
                                 RunDone done) {
   if (!req.run_id().empty() && runs_ != nullptr) {
-    blocking_->Submit(
-        [this, ctx, &req, on_chunk, done] { done(RunStream(ctx, req, on_chunk)); });
+    blocking_->Submit([this, ctx, &req, on_chunk, done] { done(RunStream(ctx, req, on_chunk)); });
     return;
   }
   absl::StatusOr<Language> lang = ToLanguage(req.language());
   if (!lang.ok()) return done(lang.status());
-  auto plan = AdmitRun(ctx, req.session_id(), req.spec(), *lang,
-                    req.language() != pb::LANGUAGE_UNSPECIFIED, req.code(), req.timeout_seconds(),
-                    req.env());
+  auto plan =
+      AdmitRun(ctx, req.session_id(), req.spec(), *lang, req.language() != pb::LANGUAGE_UNSPECIFIED,
+               req.code(), req.timeout_seconds(), req.env());
   if (!plan.ok()) return done(plan.status());
   (*plan)->on_output = std::move(on_chunk);
   (*plan)->output_ready = std::move(output_ready);
@@ -688,8 +685,7 @@ ToolLimits BrokerCore::Limits(const TenantRules* rules) const {
   l.max_output_bytes = config_.max_output_bytes;
   if (rules != nullptr) {
     l.max_timeout_seconds = std::min<int64_t>(l.max_timeout_seconds, rules->max_timeout_seconds);
-    l.default_timeout_seconds =
-        std::min<int64_t>(l.default_timeout_seconds, l.max_timeout_seconds);
+    l.default_timeout_seconds = std::min<int64_t>(l.default_timeout_seconds, l.max_timeout_seconds);
     l.max_output_bytes = std::min<int64_t>(l.max_output_bytes, rules->max_output_bytes);
   }
   return l;
@@ -703,17 +699,17 @@ absl::StatusOr<pb::ListToolsResponse> BrokerCore::ListTools(const CallContext& c
     names = providers_->Names();
     // Only the tools of providers the tenant may use.
     if (adm.rules != nullptr) {
-      names.erase(std::remove_if(names.begin(), names.end(),
-                                 [&](const std::string& n) { return !adm.rules->AllowsProvider(n); }),
-                  names.end());
+      names.erase(
+          std::remove_if(names.begin(), names.end(),
+                         [&](const std::string& n) { return !adm.rules->AllowsProvider(n); }),
+          names.end());
     }
   } else {
     const std::vector<std::string>* configured =
         adm.rules != nullptr ? &adm.snapshot->maxima.providers : nullptr;
     if (configured != nullptr && !adm.rules->AllowsProvider(req.provider()) &&
         std::find(configured->begin(), configured->end(), req.provider()) != configured->end()) {
-      return Refused(ctx,
-                     PolicyEngine::CheckSpec(*adm.rules, ctx.tenant, req.provider(), "", {}),
+      return Refused(ctx, PolicyEngine::CheckSpec(*adm.rules, ctx.tenant, req.provider(), "", {}),
                      "providers", req.provider());
     }
     RETURN_IF_ERROR(providers_->Find(req.provider()).status());
@@ -753,8 +749,7 @@ absl::StatusOr<pb::CallToolResponse> BrokerCore::CallTool(const CallContext& ctx
                                                    "\" does not match tool ", req.name()));
   }
   if (absl::Status s = providers_->Find(name->provider).status(); !s.ok()) return tool_error(s);
-  absl::StatusOr<ToolArgs> args =
-      ParseToolArgs(name->op, req.arguments_json(), Limits(adm.rules));
+  absl::StatusOr<ToolArgs> args = ParseToolArgs(name->op, req.arguments_json(), Limits(adm.rules));
   if (!args.ok()) return tool_error(args.status());
   pb::SessionSpec spec = req.spec();
   spec.set_provider(name->provider);
@@ -878,8 +873,8 @@ absl::StatusOr<CreateOptions> BrokerCore::CreateOptionsFor(const CallContext& ct
           PolicyEngine::CheckSpec(r, ctx.tenant, provider, o.template_name, asked, known);
       !s.ok()) {
     const absl::string_view rule = s.code() == absl::StatusCode::kInvalidArgument ? "resources"
-                                   : absl::StrContains(s.message(), "template") ? "templates"
-                                                                                : "providers";
+                                   : absl::StrContains(s.message(), "template")   ? "templates"
+                                                                                  : "providers";
     return Refused(ctx, s, rule, provider);
   }
   o.default_provider = r.default_provider;
@@ -904,10 +899,10 @@ absl::StatusOr<Lease> BrokerCore::AcquireFor(const CallContext& ctx, const std::
   absl::StatusOr<Lease> lease = sessions_->Acquire(ctx.tenant, session_id, o);
   if (!lease.ok() && lease.status().code() == absl::StatusCode::kResourceExhausted &&
       absl::StrContains(lease.status().message(), "max_sessions")) {
-    const std::string provider = o == nullptr             ? ""
-                                 : !o->provider.empty()   ? o->provider
+    const std::string provider = o == nullptr                   ? ""
+                                 : !o->provider.empty()         ? o->provider
                                  : !o->default_provider.empty() ? o->default_provider
-                                                          : config_.default_provider;
+                                                                : config_.default_provider;
     return Refused(ctx, lease.status(), "max_sessions", provider);
   }
   return lease;

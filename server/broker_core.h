@@ -13,8 +13,8 @@
 #include "server/policy.h"
 #include "server/run_ledger.h"
 #include "server/session_manager.h"
-#include "server/usage.h"
 #include "server/tools.h"
+#include "server/usage.h"
 
 namespace sandbox {
 

@@ -85,8 +85,7 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
     // One broker per prefix (as SQLite's flock): wait out a crashed
     // holder's lease, then refuse.
     const absl::Duration ttl = absl::Seconds(config.state_etcd.member_ttl_seconds);
-    ASSIGN_OR_RETURN(s->etcd_lock_,
-                     etcd->LockPrefix(instance_id, ttl, ttl + absl::Seconds(2)));
+    ASSIGN_OR_RETURN(s->etcd_lock_, etcd->LockPrefix(instance_id, ttl, ttl + absl::Seconds(2)));
     s->owned_store_ = std::move(etcd);
     s->store_ = s->owned_store_.get();
   } else {
@@ -166,9 +165,8 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
   deps.clock = s->clock_;
   deps.metrics = s->metrics_.get();
   s->admin_service_ = std::make_unique<AdminService>(deps);
-  s->service_ =
-      std::make_unique<BrokerService>(s->core_.get(), s->auth_.get(), s->clock_, s->metrics_.get(),
-                                      config.limits);
+  s->service_ = std::make_unique<BrokerService>(s->core_.get(), s->auth_.get(), s->clock_,
+                                                s->metrics_.get(), config.limits);
 
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!config.tls_cert_file.empty()) {
@@ -232,13 +230,13 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
     mo.max_sessions = static_cast<size_t>(config.mcp.max_sessions);
     mo.session_idle_timeout = absl::Seconds(config.idle_timeout_seconds);
     mo.keepalive_interval = absl::Seconds(config.mcp.keepalive_seconds);
-    s->mcp_backend_ = std::make_unique<McpCoreBackend>(s->core_.get(), s->auth_.get(),
-                                                       s->clock_, s->metrics_.get());
+    s->mcp_backend_ = std::make_unique<McpCoreBackend>(s->core_.get(), s->auth_.get(), s->clock_,
+                                                       s->metrics_.get());
     s->mcp_ = std::make_unique<McpServer>(s->mcp_backend_.get(), s->clock_, mo);
     ASSIGN_OR_RETURN(s->mcp_http_, McpHttpListener::Start(s->mcp_.get(), config));
   }
-  s->health_ = std::make_unique<HealthMonitor>(
-      s->providers_.get(), s->clock_, absl::Seconds(config.health_probe_interval_seconds));
+  s->health_ = std::make_unique<HealthMonitor>(s->providers_.get(), s->clock_,
+                                               absl::Seconds(config.health_probe_interval_seconds));
   s->SetHealth(true);
   if (options.health_thread) {
     BrokerServer* self = s.get();

@@ -51,8 +51,7 @@ class DaytonaSandbox final : public Sandbox {
     // Best effort: the request that follows reports any other failure;
     // a sandbox Daytona no longer has is reported now.
     if (absl::Status s = RefreshActivity(false); IsSandboxGone(s)) return s;
-    return RunResult(provider_->Send(std::move(http)), request.max_output_bytes,
-                     request.on_output);
+    return RunResult(provider_->Send(std::move(http)), request.max_output_bytes, request.on_output);
   }
 
   // One toolbox request, answered once at the end: sent on the HTTP
@@ -111,9 +110,9 @@ class DaytonaSandbox final : public Sandbox {
     return http;
   }
 
-  absl::StatusOr<ExecResult> RunResult(absl::StatusOr<HttpResponse> resp, size_t max_output,
-                                       const std::function<void(OutputStream, absl::string_view)>&
-                                           on_output) {
+  absl::StatusOr<ExecResult> RunResult(
+      absl::StatusOr<HttpResponse> resp, size_t max_output,
+      const std::function<void(OutputStream, absl::string_view)>& on_output) {
     ExecResult r;
     if (!resp.ok()) {
       if (resp.status().code() == absl::StatusCode::kCancelled) {

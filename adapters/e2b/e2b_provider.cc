@@ -81,14 +81,14 @@ class E2BSandbox final : public Sandbox {
     auto st = std::make_shared<RunState>(request);
     absl::StatusOr<HttpRequest> http = StartRequest(st, /*may_block=*/false);
     if (!http.ok()) return done(http.status());
-    provider_->http()->SendAsync(
-        std::move(*http), [this, st, done](absl::StatusOr<HttpResponse> resp) {
-          if ((st->timed_out || st->cancelled) && st->pid != 0) {
-            // The kill is a request of its own: sent without waiting.
-            KillAsync(st->pid);
-          }
-          done(FinishRun(*st, std::move(resp), /*may_block=*/false));
-        });
+    provider_->http()->SendAsync(std::move(*http),
+                                 [this, st, done](absl::StatusOr<HttpResponse> resp) {
+                                   if ((st->timed_out || st->cancelled) && st->pid != 0) {
+                                     // The kill is a request of its own: sent without waiting.
+                                     KillAsync(st->pid);
+                                   }
+                                   done(FinishRun(*st, std::move(resp), /*may_block=*/false));
+                                 });
   }
 
   // The Process/Start request whose stream feeds `st`.

@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "adapters/api/output.h"
 #include "absl/time/clock.h"
+#include "adapters/api/output.h"
 #include "common/config_reader.h"
 #include "common/event_loop.h"
 #include "common/status_macros.h"
@@ -32,9 +32,8 @@ class EchoSandbox final : public Sandbox {
       done(Echo(r));
       return;
     }
-    EventLoop::Shared()->After(hold_, [r = std::move(r), done = std::move(done)] {
-      done(Echo(r));
-    });
+    EventLoop::Shared()->After(hold_,
+                               [r = std::move(r), done = std::move(done)] { done(Echo(r)); });
   }
 
   static absl::StatusOr<ExecResult> Echo(const ExecRequest& r) {
