@@ -54,7 +54,7 @@ struct SessionManager::Session {
   absl::Time created_mono;
   absl::Duration idle_timeout;
   absl::Duration max_lifetime;  // zero = none
-  std::string attempt_id;  // tags this session's sandbox at the provider
+  std::string attempt_id;       // tags this session's sandbox at the provider
   int64_t generation = 1;
 
   // Guarded by SessionManager::mu_.
@@ -77,6 +77,25 @@ struct SessionManager::Session {
   // WaitForCreation's callers, woken when the creation settles.
   std::vector<std::function<void(absl::Status)>> waiters;
 };
+
+absl::Status SessionManager::ProviderConflict(const Session& s, const CreateOptions* create) {
+  if (create == nullptr || create->provider.empty() || create->provider == s.provider) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("session \"", s.session_id, "\" runs on provider \"", s.provider, "\", not \"",
+                   create->provider, "\"; close it first or use another session id"));
+}
+
+absl::Status SessionManager::TemplateConflict(const Session& s, const CreateOptions* create) {
+  if (create == nullptr || create->template_name.empty() ||
+      create->template_name == s.template_name) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("session \"", s.session_id, "\" was created with template \"", s.template_name,
+                   "\", not \"", create->template_name, "\""));
+}
 
 SessionRecord SessionManager::RecordOf(const Session& s, StoredState state) const {
   SessionRecord r;
@@ -253,7 +272,7 @@ absl::StatusOr<Lease> SessionManager::Acquire(const std::string& tenant,
   Provider* provider = nullptr;
   std::string provider_name;
   if (create != nullptr) {
-    provider_name = !create->provider.empty()         ? create->provider
+    provider_name = !create->provider.empty()           ? create->provider
                     : !create->default_provider.empty() ? create->default_provider
                                                         : default_provider_;
   }
@@ -327,23 +346,14 @@ absl::StatusOr<Lease> SessionManager::Acquire(const std::string& tenant,
       continue;  // look again: ready, or gone (then create anew)
     }
     // Ready.
-    if (create != nullptr && !create->provider.empty() && create->provider != s->provider) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "session \"", session_id, "\" runs on provider \"", s->provider, "\", not \"",
-          create->provider, "\"; close it first or use another session id"));
-    }
+    if (absl::Status c = ProviderConflict(*s, create); !c.ok()) return c;
     if (s->adopt_pending) {
       absl::Status adopted = AdoptLocked(s);
       if (IsSandboxGone(adopted)) continue;  // dropped: create anew, or NOT_FOUND
       if (!adopted.ok()) return adopted;
       continue;  // look again: the observer ran unlocked
     }
-    if (create != nullptr && !create->template_name.empty() &&
-        create->template_name != s->template_name) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("session \"", session_id, "\" was created with template \"",
-                       s->template_name, "\", not \"", create->template_name, "\""));
-    }
+    if (absl::Status c = TemplateConflict(*s, create); !c.ok()) return c;
     return MakeLeaseLocked(s);
   }
 }
@@ -366,17 +376,8 @@ absl::StatusOr<Lease> SessionManager::TryAcquire(const std::string& tenant,
     *would_block = true;
     return absl::UnavailableError("the session needs a provider call first");
   }
-  if (create != nullptr && !create->provider.empty() && create->provider != s->provider) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "session \"", session_id, "\" runs on provider \"", s->provider, "\", not \"",
-        create->provider, "\"; close it first or use another session id"));
-  }
-  if (create != nullptr && !create->template_name.empty() &&
-      create->template_name != s->template_name) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("session \"", session_id, "\" was created with template \"",
-                     s->template_name, "\", not \"", create->template_name, "\""));
-  }
+  if (absl::Status c = ProviderConflict(*s, create); !c.ok()) return c;
+  if (absl::Status c = TemplateConflict(*s, create); !c.ok()) return c;
   return MakeLeaseLocked(s);
 }
 
@@ -724,8 +725,8 @@ void SessionManager::CloseAll() {
 absl::Status SessionManager::AdoptLocked(const std::shared_ptr<Session>& s) {
   s->state = SessionStateKind::kCreating;  // callers wait: single flight
   UnindexLocked(s.get());
-  SandboxSpec spec = SpecOf(s->tenant, s->session_id, instance_id_, deployment_id_,
-                            s->attempt_id, s->template_name, s->language, s->env, s->labels);
+  SandboxSpec spec = SpecOf(s->tenant, s->session_id, instance_id_, deployment_id_, s->attempt_id,
+                            s->template_name, s->language, s->env, s->labels);
   spec.resources = s->resources;
   const std::string provider_name = s->provider;
   const std::string sandbox_id = s->sandbox_id;

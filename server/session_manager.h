@@ -38,7 +38,7 @@ struct CreateOptions {
   bool language_set = false;
   std::map<std::string, std::string> env;
   std::map<std::string, std::string> labels;
-  SandboxResources resources;  // SessionSpec.resources
+  SandboxResources resources;          // SessionSpec.resources
   SandboxResources resources_ceiling;  // the tenant's maximum (SandboxSpec.ceiling)
   // Seed files: written before the first call runs; (path, bytes).
   std::vector<std::pair<std::string, std::string>> files;
@@ -238,6 +238,10 @@ class SessionManager {
   friend class Lease;
 
   void ReleaseLease(Session* s);
+  // FAILED_PRECONDITION when a ready session is asked for with another
+  // provider / template than it has (Acquire and TryAcquire).
+  static absl::Status ProviderConflict(const Session& s, const CreateOptions* create);
+  static absl::Status TemplateConflict(const Session& s, const CreateOptions* create);
   SessionView ViewLocked(const Session& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnindexLocked(Session* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void IndexIdleLocked(Session* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
