@@ -32,7 +32,7 @@ cpu_seconds() {
 }
 start=$(date +%s)
 if [ "$kind" = address ]; then
-  cmake --build "$dir" -j"${JOBS:-2}" --target broker_tests sandboxctl sandbox-brokerd \
+  cmake --build "$dir" -j"${JOBS:-2}" --target broker_tests store_tests sandboxctl sandbox-brokerd \
     fake-e2b fake-daytona fuzz_e2b_envelope_replay fuzz_e2b_json_replay \
     fuzz_daytona_json_replay fuzz_multipart_replay fuzz_config_replay fuzz_tools_replay \
     fuzz_workspace_fs_replay fuzz_base64_replay fuzz_mcp_http_replay broker_soak
