@@ -181,6 +181,18 @@ void BrokerCore::ToInfo(const SessionView& v, pb::SessionInfo* info) const {
     info->mutable_usage()->set_cpu_seconds(v.usage->cpu_seconds);
   }
   info->set_generation(v.generation);
+  if (cluster_ != nullptr) info->set_owner(cluster_->member_id());
+}
+
+std::string BrokerCore::ProviderFor(const CallContext& ctx, const std::string& requested) const {
+  if (!requested.empty()) return requested;
+  if (ops_.policy != nullptr) {
+    std::shared_ptr<const OperatorSnapshot> snap =
+        ctx.snapshot ? ctx.snapshot : ops_.policy->Current();
+    const TenantRules& r = snap->For(ctx.tenant);
+    if (!r.default_provider.empty()) return r.default_provider;
+  }
+  return config_.default_provider;
 }
 
 absl::StatusOr<pb::SessionInfo> BrokerCore::StartSession(const CallContext& ctx,
@@ -229,9 +241,30 @@ absl::StatusOr<pb::ListSessionsResponse> BrokerCore::ListSessions(
     }
   }
   bool more = false;
-  std::vector<SessionView> views = sessions_->List(ctx.tenant, after, size, &more);
   pb::ListSessionsResponse resp;
-  for (const auto& v : views) ToInfo(v, resp.add_sessions());
+  std::vector<SessionView> views;
+  if (cluster_ != nullptr) {
+    // Every replica's rows (one etcd read), with this replica's own
+    // sessions as it sees them now.
+    ASSIGN_OR_RETURN(std::vector<ClusterSession> rows, cluster_->ListTenant(ctx.tenant));
+    for (const ClusterSession& row : rows) {
+      if (row.record.session_id <= after) continue;
+      if (static_cast<int>(views.size()) == size) {
+        more = true;
+        break;
+      }
+      absl::StatusOr<SessionView> mine = row.owner == cluster_->member_id()
+                                             ? sessions_->Get(ctx.tenant, row.record.session_id)
+                                             : absl::NotFoundError("");
+      views.push_back(mine.ok() ? *mine : SessionManager::ViewOfRecord(row.record));
+      pb::SessionInfo* info = resp.add_sessions();
+      ToInfo(views.back(), info);
+      info->set_owner(mine.ok() ? cluster_->member_id() : row.owner);
+    }
+  } else {
+    views = sessions_->List(ctx.tenant, after, size, &more);
+    for (const auto& v : views) ToInfo(v, resp.add_sessions());
+  }
   if (more && !views.empty()) {
     resp.set_next_page_token(absl::WebSafeBase64Escape(views.back().session_id));
   }

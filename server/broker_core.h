@@ -9,6 +9,7 @@
 #include "common/limiter.h"
 #include "sandboxbroker/v1/broker.pb.h"
 #include "server/audit.h"
+#include "server/cluster.h"
 #include "server/config.h"
 #include "server/policy.h"
 #include "server/run_ledger.h"
@@ -125,6 +126,14 @@ class BrokerCore {
   // accepted and ignored. Not owned; set before serving.
   void SetRunLedger(RunLedger* runs) { runs_ = runs; }
 
+  // More than one broker: sessions live on several replicas (set before
+  // serving; null = this broker is alone). ListSessions then lists every
+  // replica's sessions, and SessionInfo.owner names the owner.
+  void SetCluster(Cluster* cluster) { cluster_ = cluster; }
+  // The provider a new session of this call would get: `requested` (the
+  // spec's), else the tenant's default, else the broker's.
+  std::string ProviderFor(const CallContext& ctx, const std::string& requested) const;
+
  private:
   // One call's admission: the snapshot it reads and its tenant's rules.
   struct Admission {
@@ -189,6 +198,7 @@ class BrokerCore {
   Metrics* const metrics_;
   OperatorHooks ops_;
   RunLedger* runs_ = nullptr;
+  Cluster* cluster_ = nullptr;
   WorkPool* blocking_ = WorkPool::Shared();
   absl::Mutex limiters_mu_;
   std::map<std::string, std::unique_ptr<Limiter>> tenant_runs_ ABSL_GUARDED_BY(limiters_mu_);

@@ -1,8 +1,11 @@
 #include "server/broker_server.h"
 
+#include <unistd.h>
+
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -10,6 +13,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
+#include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 
@@ -82,12 +86,37 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
   } else if (config.state_backend == "etcd") {
     ASSIGN_OR_RETURN(EtcdStoreOptions etcd_options, EtcdOptionsFromConfig(config.state_etcd));
     ASSIGN_OR_RETURN(std::unique_ptr<EtcdStore> etcd, EtcdStore::Open(std::move(etcd_options)));
-    // One broker per prefix (as SQLite's flock): wait out a crashed
-    // holder's lease, then refuse.
     const absl::Duration ttl = absl::Seconds(config.state_etcd.member_ttl_seconds);
-    ASSIGN_OR_RETURN(s->etcd_lock_, etcd->LockPrefix(instance_id, ttl, ttl + absl::Seconds(2)));
-    s->owned_store_ = std::move(etcd);
-    s->store_ = s->owned_store_.get();
+    if (config.cluster.enabled) {
+      // One of several replicas: sessions are claimed, writes fenced.
+      ClusterOptions co;
+      co.member_id = config.cluster.member_id.empty() ? instance_id : config.cluster.member_id;
+      if (const char* env = getenv("SANDBOX_BROKER_MEMBER_ID"); env != nullptr && *env) {
+        co.member_id = env;
+      }
+      co.token = config.cluster.token;
+      if (!config.cluster.token_file.empty()) {
+        std::ifstream in(config.cluster.token_file, std::ios::binary);
+        std::stringstream ss;
+        ss << in.rdbuf();
+        co.token = std::string(absl::StripAsciiWhitespace(ss.str()));
+        if (!in || co.token.size() < 16) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("cluster.token_file: cannot read at least 16 characters from ",
+                           config.cluster.token_file));
+        }
+      }
+      co.member_ttl = ttl;
+      s->etcd_store_ = std::move(etcd);
+      s->cluster_ = std::make_unique<Cluster>(s->etcd_store_.get(), std::move(co), s->clock_);
+      s->store_ = s->cluster_->store();
+    } else {
+      // One broker per prefix (as SQLite's flock): wait out a crashed
+      // holder's lease, then refuse.
+      ASSIGN_OR_RETURN(s->etcd_lock_, etcd->LockPrefix(instance_id, ttl, ttl + absl::Seconds(2)));
+      s->owned_store_ = std::move(etcd);
+      s->store_ = s->owned_store_.get();
+    }
   } else {
     state_path = config.state_path.empty() ? DefaultStatePath() : config.state_path;
     ASSIGN_OR_RETURN(s->owned_store_, OpenSqliteStore(state_path));
@@ -221,6 +250,49 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
   }
   s->port_ = port;
   s->host_ = config.listen.substr(0, config.listen.rfind(':'));
+  if (s->cluster_) {
+    // Other replicas reach this one here (README "Running more than one
+    // broker"): the environment, the config, else `listen` with the bound
+    // port (this host's name for a wildcard).
+    std::string advertise = config.cluster.advertise_address;
+    if (const char* env = getenv("SANDBOX_BROKER_ADVERTISE_ADDRESS"); env != nullptr && *env) {
+      advertise = env;
+    }
+    if (advertise.empty()) {
+      std::string host = s->host_;
+      if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::") {
+        char name[256] = {};
+        gethostname(name, sizeof(name) - 1);
+        host = name;
+      }
+      advertise = absl::StrCat(host, ":", port);
+    }
+    s->cluster_->set_advertise_address(advertise);
+    RETURN_IF_ERROR(s->cluster_->Join());
+    s->cluster_->Start(s->sessions_.get());
+    s->core_->SetCluster(s->cluster_.get());
+    std::shared_ptr<grpc::ChannelCredentials> peer = grpc::InsecureChannelCredentials();
+    if (!config.tls_cert_file.empty()) {
+      // Replicas speak TLS to each other when clients do: trusting
+      // cluster.peer_ca_file (else the system roots), presenting this
+      // broker's own certificate where client certificates are required.
+      grpc::SslCredentialsOptions ssl;
+      auto slurp = [](const std::string& path) {
+        std::ifstream in(path, std::ios::binary);
+        std::stringstream ss;
+        ss << in.rdbuf();
+        return ss.str();
+      };
+      if (!config.cluster.peer_ca_file.empty())
+        ssl.pem_root_certs = slurp(config.cluster.peer_ca_file);
+      if (!config.tls_client_ca_file.empty()) {
+        ssl.pem_cert_chain = slurp(config.tls_cert_file);
+        ssl.pem_private_key = slurp(config.tls_key_file);
+      }
+      peer = grpc::SslCredentials(ssl);
+    }
+    s->service_->SetCluster(s->cluster_.get(), peer);
+  }
   if (!config.mcp.listen.empty()) {
     McpServerOptions mo;
     mo.allowed_origins = config.mcp.allowed_origins;
@@ -313,7 +385,13 @@ void BrokerServer::SetHealth(bool serving) {
 }
 
 void BrokerServer::ProbeProviders() {
-  if (health_->RunOnce()) PublishHealth();
+  bool changed = health_->RunOnce();
+  if (cluster_) {
+    const bool ready = cluster_->ready();
+    changed = changed || ready != cluster_ready_;
+    cluster_ready_ = ready;
+  }
+  if (changed) PublishHealth();
 }
 
 void BrokerServer::PublishHealth() {
@@ -323,7 +401,10 @@ void BrokerServer::PublishHealth() {
   const bool serving = serving_;
   // "" is what readiness probes ask: the broker serves and its default
   // provider can run code. The service name alone is the process (liveness).
-  health->SetServingStatus("", serving && health_->Healthy(config_.default_provider));
+  // A replica is ready while it is a member of the cluster (etcd answers
+  // and its lease holds).
+  const bool member = cluster_ == nullptr || cluster_->ready();
+  health->SetServingStatus("", serving && member && health_->Healthy(config_.default_provider));
   health->SetServingStatus(pb::SandboxBroker::service_full_name(), serving);
   // Per provider: "sandboxbroker.v1.SandboxBroker/<provider>".
   for (const auto& name : providers_->Names()) {
@@ -385,6 +466,12 @@ void BrokerServer::Shutdown(absl::Duration grace) {
   if (config_.drain_close_sandboxes && sessions_) sessions_->CloseAll();
   // Unclaimed pool members serve no session: destroyed, durable or not.
   for (WarmPool* pool : pools()) pool->Stop();
+  if (cluster_) {
+    // Let go of this replica's sessions and revoke its lease: the others
+    // adopt them on their next call, without waiting for the TTL.
+    if (sessions_) sessions_->DetachAll();
+    cluster_->Leave();
+  }
   FlushUsage();  // after the last calls and closes were metered
   Log(LogLevel::kInfo, "broker.stopped", {});
 }

@@ -14,6 +14,7 @@
 #include "server/audit.h"
 #include "server/auth.h"
 #include "server/broker_core.h"
+#include "server/cluster.h"
 #include "server/config.h"
 #include "server/etcd_store.h"
 #include "server/grpc_service.h"
@@ -93,6 +94,8 @@ class BrokerServer {
   // Probes the providers that are due and publishes the health statuses.
   void ProbeProviders();
   SessionStore* store() { return store_; }
+  // Null unless running as one of several replicas.
+  Cluster* cluster() { return cluster_.get(); }
   // The providers with a warm pool.
   std::vector<WarmPool*> pools() const;
   RunLedger* runs() { return runs_.get(); }
@@ -133,6 +136,11 @@ class BrokerServer {
   // state.backend "etcd": this broker's hold on the prefix (released before
   // the store goes).
   std::unique_ptr<EtcdMember> etcd_lock_;
+  // Cluster mode (config `cluster`): the etcd store, and this replica's
+  // membership; the session table writes through cluster_->store().
+  std::unique_ptr<EtcdStore> etcd_store_;
+  std::unique_ptr<Cluster> cluster_;
+  bool cluster_ready_ = false;  // as last published (health thread)
   std::unique_ptr<RunLedger> runs_;
   // Before the session table, which holds pointers to them.
   std::vector<std::unique_ptr<Limiter>> create_limiters_;

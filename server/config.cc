@@ -105,8 +105,8 @@ absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text) {
       }
       for (const std::string& ep : e.endpoints) {
         if (!absl::StartsWith(ep, "http://") && !absl::StartsWith(ep, "https://")) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "state.etcd.endpoints: \"", ep, "\" is not an http:// or https:// URL"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("state.etcd.endpoints: \"", ep, "\" is not an http:// or https:// URL"));
         }
       }
       if (e.prefix.front() != '/' || e.prefix.back() != '/') {
@@ -123,6 +123,37 @@ absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text) {
     }
     if (!c.state_path.empty() && c.state_path.front() != '/') {
       return absl::InvalidArgumentError("state.path: must be an absolute path");
+    }
+  }
+  {
+    ConfigReader cl(r.Object("cluster"), "cluster");
+    BrokerConfig::Cluster& k = c.cluster;
+    k.member_id = cl.String("member_id", "");
+    k.advertise_address = cl.String("advertise_address", "");
+    k.token = cl.String("token", "");
+    k.token_file = cl.String("token_file", "");
+    k.peer_ca_file = cl.String("peer_ca_file", "");
+    RETURN_IF_ERROR(cl.Finish());
+    k.enabled = !k.token.empty() || !k.token_file.empty();
+    if (!k.token.empty() && !k.token_file.empty()) {
+      return absl::InvalidArgumentError("cluster.token, cluster.token_file: give one, not both");
+    }
+    if (r.Has("cluster") && !k.enabled) {
+      return absl::InvalidArgumentError(
+          "cluster: needs token or token_file (the secret replicas authenticate each other with)");
+    }
+    if (k.enabled && c.state_backend != "etcd") {
+      return absl::InvalidArgumentError(
+          "cluster: replicas share sessions through etcd: set state.backend \"etcd\"");
+    }
+    if (!k.token.empty() && k.token.size() < 16) {
+      return absl::InvalidArgumentError("cluster.token: must be at least 16 characters");
+    }
+    for (char ch : k.member_id) {
+      if (!isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') {
+        return absl::InvalidArgumentError(
+            "cluster.member_id: letters, digits, '-', '_' and '.' only");
+      }
     }
   }
   if (!c.drain_close_sandboxes_set) c.drain_close_sandboxes = c.state_backend == "memory";
@@ -165,11 +196,13 @@ absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text) {
     c.tokens_file = tokens_file;
     for (const auto& [token, name] : admin_tokens) {
       if (token.size() < 8) {
-        return absl::InvalidArgumentError("auth.admin_tokens: tokens must be at least 8 characters");
+        return absl::InvalidArgumentError(
+            "auth.admin_tokens: tokens must be at least 8 characters");
       }
       if (!IsValidTenant(name)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "auth.admin_tokens: admin name \"", name, "\" must be 1-64 characters of [A-Za-z0-9._-]"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("auth.admin_tokens: admin name \"", name,
+                         "\" must be 1-64 characters of [A-Za-z0-9._-]"));
       }
       c.admin_tokens[token] = name;
     }
@@ -250,7 +283,8 @@ absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text) {
   }
   {
     std::vector<std::string> configured;
-    for (auto it = c.providers.begin(); it != c.providers.end(); ++it) configured.push_back(it.key());
+    for (auto it = c.providers.begin(); it != c.providers.end(); ++it)
+      configured.push_back(it.key());
     if (!c.providers.contains(c.default_provider)) configured.push_back(c.default_provider);
     ASSIGN_OR_RETURN(c.policy,
                      ParsePolicyConfig(tenant_defaults, tenants, configured, c.default_provider));

@@ -37,9 +37,9 @@ struct BrokerConfig {
   // queue_timeout_ms in a queue of at most max_queued_calls, then gets
   // RESOURCE_EXHAUSTED naming the limit. 0 = unlimited.
   struct Limits {
-    int64_t max_calls_in_flight = 20000;          // whole broker
+    int64_t max_calls_in_flight = 20000;             // whole broker
     int64_t max_concurrent_runs_per_tenant = 10000;  // Run, Shell, RunStream
-    int64_t max_queued_calls = 10000;             // per limit
+    int64_t max_queued_calls = 10000;                // per limit
     int64_t queue_timeout_ms = 5000;
   } limits;
   // providers.<name>.max_concurrent_creates (read here, not by the
@@ -75,6 +75,24 @@ struct BrokerConfig {
     std::string username;
     std::string password_file;
   } state_etcd;
+  // cluster (README "Running more than one broker"): with state.backend
+  // "etcd" and a token, replicas share sessions (server/cluster.h).
+  struct Cluster {
+    bool enabled = false;  // a token or token_file was given
+    // "" = the broker's instance id; $SANDBOX_BROKER_MEMBER_ID overrides.
+    std::string member_id;
+    // host:port other replicas reach this one on; "" = `listen` unless it
+    // is a wildcard or port 0 (then the bound port on this host's name);
+    // $SANDBOX_BROKER_ADVERTISE_ADDRESS overrides.
+    std::string advertise_address;
+    // The shared secret replicas present on forwarded calls (or a file
+    // holding it). Never logged.
+    std::string token;
+    std::string token_file;
+    // With tls.cert_file: the CA replicas verify each other's certificate
+    // with ("" = the system roots).
+    std::string peer_ca_file;
+  } cluster;
   // Names this broker's sandboxes at the providers; "" = the id kept in the
   // store (random when it was created).
   std::string deployment_id;
@@ -94,22 +112,22 @@ struct BrokerConfig {
   std::map<std::string, std::string> tokens;
   // The MCP endpoint (README "MCP"); off when mcp.listen is empty.
   struct Mcp {
-    std::string listen;          // host:port (port 0 picks one)
+    std::string listen;  // host:port (port 0 picks one)
     std::string path = "/mcp";
     std::vector<std::string> allowed_origins;  // besides loopback origins
     std::vector<std::string> allowed_hosts;    // Host names accepted (empty: see README)
     int64_t max_body_bytes = int64_t{4} << 20;
-    int64_t max_sessions = 10000;              // legacy MCP sessions, all tenants
-    int64_t keepalive_seconds = 15;            // SSE comment interval on long calls
-    int64_t max_threads = 64;                  // HTTP worker threads
+    int64_t max_sessions = 10000;    // legacy MCP sessions, all tenants
+    int64_t keepalive_seconds = 15;  // SSE comment interval on long calls
+    int64_t max_threads = 64;        // HTTP worker threads
   } mcp;
   // providers.<name>: each provider reads its own object.
   nlohmann::json providers = nlohmann::json::object();
   // Operators' control (README "Operators' control").
   // auth.admin_tokens: bearer token -> admin name, for the Admin service.
   std::map<std::string, std::string> admin_tokens;
-  std::string tokens_file;  // auth.tokens_file (watched for changes)
-  PolicyConfig policy;      // tenant_defaults + tenants
+  std::string tokens_file;     // auth.tokens_file (watched for changes)
+  PolicyConfig policy;         // tenant_defaults + tenants
   std::string audit_log_path;  // audit_log.path; empty = stderr
   // The file as parsed, to tell which keys a reload changed.
   nlohmann::json raw = nlohmann::json::object();

@@ -734,4 +734,47 @@ absl::Status EtcdStore::ReleaseSession(const std::string& tenant, const std::str
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::optional<SessionRecord>> EtcdStore::LoadSession(const std::string& tenant,
+                                                                    const std::string& id) {
+  const std::string key = SessionKey(tenant, id);
+  absl::StatusOr<std::optional<EtcdKv>> kv = client_->Get(key);
+  if (!kv.ok()) return kv.status();
+  if (!kv->has_value()) return std::optional<SessionRecord>();
+  absl::StatusOr<SessionRecord> r = ParseSession(key, (*kv)->value);
+  if (!r.ok()) return r.status();
+  return std::optional<SessionRecord>(*std::move(r));
+}
+
+absl::StatusOr<std::vector<SessionRecord>> EtcdStore::LoadTenantSessions(
+    const std::string& tenant) {
+  if (tenant.empty()) return LoadSessions();
+  absl::StatusOr<std::vector<EtcdKv>> kvs = client_->GetPrefix(
+      absl::StrCat(prefix_, "sessions/", EtcdKeyComponent(tenant), "/"), options_.page_size);
+  if (!kvs.ok()) return kvs.status();
+  std::vector<SessionRecord> out;
+  out.reserve(kvs->size());
+  for (const EtcdKv& kv : *kvs) {
+    absl::StatusOr<SessionRecord> r = ParseSession(kv.key, kv.value);
+    if (!r.ok()) return r.status();
+    out.push_back(*std::move(r));
+  }
+  return out;
+}
+
+absl::StatusOr<absl::flat_hash_map<std::string, SessionOwner>> EtcdStore::LoadOwners(
+    const std::string& tenant) {
+  const std::string under = tenant.empty()
+                                ? absl::StrCat(prefix_, "owners/")
+                                : absl::StrCat(prefix_, "owners/", EtcdKeyComponent(tenant), "/");
+  absl::StatusOr<std::vector<EtcdKv>> kvs = client_->GetPrefix(under, options_.page_size);
+  if (!kvs.ok()) return kvs.status();
+  absl::flat_hash_map<std::string, SessionOwner> out;
+  for (const EtcdKv& kv : *kvs) {
+    absl::StatusOr<SessionOwner> o = ParseOwner(kv);
+    if (!o.ok()) return o.status();
+    out[kv.key] = *std::move(o);
+  }
+  return out;
+}
+
 }  // namespace sandbox

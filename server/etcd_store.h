@@ -189,6 +189,14 @@ class EtcdStore final : public SessionStore {
   // Deletes the owner key only while `fence` holds.
   absl::Status ReleaseSession(const std::string& tenant, const std::string& session_id,
                               int64_t fence);
+  // One session's record, or nullopt.
+  absl::StatusOr<std::optional<SessionRecord>> LoadSession(const std::string& tenant,
+                                                           const std::string& session_id);
+  // One tenant's records, in key order (empty tenant: every tenant's).
+  absl::StatusOr<std::vector<SessionRecord>> LoadTenantSessions(const std::string& tenant);
+  // The owner keys under one tenant (empty: all), by owner key.
+  absl::StatusOr<absl::flat_hash_map<std::string, SessionOwner>> LoadOwners(
+      const std::string& tenant);
 
   EtcdClient* client() { return client_.get(); }
   const std::string& prefix() const { return prefix_; }

@@ -3,9 +3,10 @@
 #include <deque>
 
 #include "common/log.h"
+#include "common/text.h"
+#include "grpcpp/create_channel.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/proto_buffer_writer.h"
-#include "common/text.h"
 
 namespace sandbox {
 
@@ -18,6 +19,17 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
                       QuoteForError(s.message(), kMaxStatusMessageBytes));
 }
+
+namespace {
+
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return d == 0;
+}
+
+}  // namespace
 
 BrokerService::BrokerService(BrokerCore* core, const Authenticator* auth, Clock* clock,
                              Metrics* metrics, const BrokerConfig::Limits& limits)
@@ -37,9 +49,8 @@ BrokerService::BrokerService(BrokerCore* core, const Authenticator* auth, Clock*
     };
   };
   auto inline_ = [core](auto call) {
-    return [core, call](const CallContext& cc, auto req, auto done) {
-      done((core->*call)(cc, *req));
-    };
+    return
+        [core, call](const CallContext& cc, auto req, auto done) { done((core->*call)(cc, *req)); };
   };
   (void)sizeof(M);
   RegisterUnary<pb::StartSessionRequest, pb::SessionInfo>(0, "StartSession",
@@ -52,12 +63,13 @@ BrokerService::BrokerService(BrokerCore* core, const Authenticator* auth, Clock*
       3, "ListSessions", inline_(&BrokerCore::ListSessions));
   RegisterUnary<pb::RunRequest, pb::RunResult>(
       4, "Run", [core](const CallContext& cc, auto req, auto done) {
-        core->RunAsync(cc, *req, [req, done](absl::StatusOr<pb::RunResult> r) { done(std::move(r)); });
+        core->RunAsync(cc, *req,
+                       [req, done](absl::StatusOr<pb::RunResult> r) { done(std::move(r)); });
       });
   RegisterUnary<pb::ShellRequest, pb::RunResult>(
       5, "Shell", [core](const CallContext& cc, auto req, auto done) {
         core->ShellAsync(cc, *req,
-                          [req, done](absl::StatusOr<pb::RunResult> r) { done(std::move(r)); });
+                         [req, done](absl::StatusOr<pb::RunResult> r) { done(std::move(r)); });
       });
   RegisterUnary<pb::WriteFileRequest, pb::WriteFileResponse>(6, "WriteFile",
                                                              blocking(&BrokerCore::WriteFile));
@@ -127,9 +139,10 @@ struct BrokerService::Call {
   std::string request_id;
   absl::Time start;
   std::string tenant = "-";
-  std::string provider;  // CallContext::provider points here
-  bool counted = false;  // in in_flight_
-  LimitSlot slot;        // max_calls_in_flight
+  std::string provider;    // CallContext::provider points here
+  bool counted = false;    // in in_flight_
+  LimitSlot slot;          // max_calls_in_flight
+  bool forwarded = false;  // from another replica (never forwarded again)
 };
 
 void BrokerService::Begin(const std::shared_ptr<Call>& call,
@@ -163,8 +176,23 @@ void BrokerService::Begin(const std::shared_ptr<Call>& call,
     if (it != md.end()) value = absl::string_view(it->second.data(), it->second.size());
     // One snapshot of tokens and policy for the whole call.
     std::shared_ptr<const OperatorSnapshot> snapshot = auth_->snapshot();
-    absl::StatusOr<std::string> tenant =
-        Authenticator::AuthenticateWith(*snapshot, it != md.end() ? &value : nullptr);
+    absl::StatusOr<std::string> tenant;
+    auto peer = md.find(kClusterTokenHeader);
+    if (peer != md.end()) {
+      // A call another replica forwarded: the cluster token is the proof,
+      // and the tenant is the one that replica authenticated.
+      auto t = md.find(kClusterTenantHeader);
+      const absl::string_view presented(peer->second.data(), peer->second.size());
+      if (cluster_ == nullptr || !ConstantTimeEquals(presented, cluster_->token()) ||
+          t == md.end() || t->second.empty() || t->second.size() > 256) {
+        tenant = absl::UnauthenticatedError("invalid cluster credentials");
+      } else {
+        tenant = std::string(t->second.data(), t->second.size());
+        call->forwarded = true;
+      }
+    } else {
+      tenant = Authenticator::AuthenticateWith(*snapshot, it != md.end() ? &value : nullptr);
+    }
     if (!tenant.ok()) {
       fail(tenant.status());
       return;
@@ -222,14 +250,29 @@ std::string SessionOf(const pb::ListToolsRequest&) {
   return "";
 }
 
+// Whether a request carries a SessionSpec (then the call may create the
+// session), and the provider it asks for.
+template <typename Req, typename = void>
+struct HasSpec : std::false_type {};
+template <typename Req>
+struct HasSpec<Req, std::void_t<decltype(std::declval<const Req&>().spec())>> : std::true_type {};
+template <typename Req>
+std::string SpecProvider(const Req& r) {
+  if constexpr (HasSpec<Req>::value) {
+    return r.spec().provider();
+  } else {
+    return "";
+  }
+}
+
 template <typename Req>
 absl::Status Parse(const grpc::ByteBuffer* in, Req* req) {
   grpc::ByteBuffer copy(*in);
   grpc::Status s = grpc::GenericDeserialize<grpc::ProtoBufferReader, Req>(&copy, req);
   if (s.ok()) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("the request is not a valid ", Req::descriptor()->full_name(),
-                   " (string fields must be valid UTF-8)"));
+  return absl::InvalidArgumentError(absl::StrCat("the request is not a valid ",
+                                                 Req::descriptor()->full_name(),
+                                                 " (string fields must be valid UTF-8)"));
 }
 
 template <typename Resp>
@@ -243,36 +286,37 @@ void Serialize(const Resp& r, grpc::ByteBuffer* out) {
 template <typename Req, typename Resp, typename Handler>
 void BrokerService::RegisterUnary(int index, const char* method, Handler handler) {
   MarkMethodRawCallback(
-      index,
-      new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
-          [this, method, handler](grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
-                                  grpc::ByteBuffer* out) {
-            auto req = std::make_shared<Req>();
-            absl::Status parsed = Parse(in, req.get());
-            if (!parsed.ok()) {
-              grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-              auto call = std::make_shared<Call>();
-              call->ctx = ctx;
-              call->method = method;
-              call->start = clock_->Monotonic();
-              reactor->Finish(End(*call, parsed));
-              return reactor;
-            }
-            Store<Resp> store = [out](Resp&& r) { Serialize(r, out); };
-            return UnaryAsync<Resp>(
-                ctx, method, SessionOf(*req), std::move(store),
-                [handler, req](const CallContext& cc,
-                               std::function<void(absl::StatusOr<Resp>)> done) {
-                  handler(cc, std::shared_ptr<const Req>(req), std::move(done));
-                });
-          }));
+      index, new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+                 [this, method, handler](grpc::CallbackServerContext* ctx,
+                                         const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+                   auto req = std::make_shared<Req>();
+                   absl::Status parsed = Parse(in, req.get());
+                   if (!parsed.ok()) {
+                     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+                     auto call = std::make_shared<Call>();
+                     call->ctx = ctx;
+                     call->method = method;
+                     call->start = clock_->Monotonic();
+                     reactor->Finish(End(*call, parsed));
+                     return reactor;
+                   }
+                   Store<Resp> store = [out](Resp&& r) { Serialize(r, out); };
+                   Raw raw{in, out, SpecProvider(*req), HasSpec<Req>::value};
+                   return UnaryAsync<Resp>(
+                       ctx, method, SessionOf(*req), std::move(store),
+                       [handler, req](const CallContext& cc,
+                                      std::function<void(absl::StatusOr<Resp>)> done) {
+                         handler(cc, std::shared_ptr<const Req>(req), std::move(done));
+                       },
+                       std::move(raw));
+                 }));
 }
 
 template <typename Resp, typename AsyncFn>
 grpc::ServerUnaryReactor* BrokerService::UnaryAsync(grpc::CallbackServerContext* ctx,
                                                     absl::string_view method,
                                                     const std::string& session_id,
-                                                    Store<Resp> store, AsyncFn fn) {
+                                                    Store<Resp> store, AsyncFn fn, Raw raw) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   auto call = std::make_shared<Call>();
   call->ctx = ctx;
@@ -281,14 +325,126 @@ grpc::ServerUnaryReactor* BrokerService::UnaryAsync(grpc::CallbackServerContext*
   auto finish = [this, call, reactor](absl::Status st) { reactor->Finish(End(*call, st)); };
   Begin(
       call,
-      [fn = std::move(fn), store = std::move(store), finish](const CallContext& cc) mutable {
-        fn(cc, [store, finish](absl::StatusOr<Resp> r) {
-          if (r.ok()) store(std::move(*r));
-          finish(r.status());
-        });
+      [this, call, raw = std::move(raw), fn = std::move(fn), store = std::move(store),
+       finish](const CallContext& cc) mutable {
+        auto local = [cc, fn = std::move(fn), store = std::move(store), finish]() mutable {
+          fn(cc, [store, finish](absl::StatusOr<Resp> r) {
+            if (r.ok()) store(std::move(*r));
+            finish(r.status());
+          });
+        };
+        if (cluster_ == nullptr || raw.in == nullptr || call->session_id.empty()) {
+          local();
+          return;
+        }
+        Route(
+            call, cc, raw.provider, raw.may_create, std::move(local),
+            [this, call, tenant = cc.tenant, raw, finish](const ClusterRoute& route) {
+              ForwardUnary(call, tenant, route, raw.in, raw.out, finish);
+            },
+            finish);
       },
       finish);
   return reactor;
+}
+
+void BrokerService::SetCluster(Cluster* cluster,
+                               std::shared_ptr<grpc::ChannelCredentials> peer_credentials) {
+  cluster_ = cluster;
+  peer_credentials_ = std::move(peer_credentials);
+}
+
+void BrokerService::Route(const std::shared_ptr<Call>& call, const CallContext& cc,
+                          const std::string& requested_provider, bool may_create,
+                          std::function<void()> local,
+                          std::function<void(const ClusterRoute&)> forward,
+                          std::function<void(absl::Status)> fail) {
+  if (cluster_->ServesLocally(cc.tenant, call->session_id)) {
+    local();
+    return;
+  }
+  // Finding the owner reads etcd (and may claim and take over): off the
+  // gRPC thread, on the blocking pool.
+  std::string provider = core_->ProviderFor(cc, requested_provider);
+  core_->blocking_pool()->Submit([this, call, tenant = cc.tenant, provider = std::move(provider),
+                                  may_create, local = std::move(local),
+                                  forward = std::move(forward), fail = std::move(fail)] {
+    absl::StatusOr<ClusterRoute> r =
+        cluster_->Resolve(tenant, call->session_id, provider, may_create, call->forwarded);
+    if (!r.ok()) {
+      fail(r.status());
+    } else if (r->local) {
+      local();
+    } else {
+      forward(*r);
+    }
+  });
+}
+
+std::shared_ptr<grpc::GenericStub> BrokerService::PeerStub(const std::string& address) {
+  absl::MutexLock l(&peers_mu_);
+  auto it = peers_.find(address);
+  if (it != peers_.end()) return it->second;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  auto stub = std::make_shared<grpc::GenericStub>(grpc::CreateCustomChannel(
+      address, peer_credentials_ ? peer_credentials_ : grpc::InsecureChannelCredentials(), args));
+  peers_[address] = stub;
+  return stub;
+}
+
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+// One forwarded call's client side; deleted when the call is done.
+struct ForwardedCall {
+  std::unique_ptr<grpc::ClientContext> ctx;
+  grpc::ByteBuffer request;
+  grpc::ByteBuffer response;
+  std::shared_ptr<grpc::GenericStub> stub;  // keeps the channel
+};
+
+// The client context of a forwarded call: the caller's deadline and
+// cancellation (propagated from the server call), tenant and request id.
+std::unique_ptr<grpc::ClientContext> ForwardContext(grpc::CallbackServerContext* server,
+                                                    const Cluster& cluster,
+                                                    const std::string& tenant,
+                                                    const std::string& request_id) {
+  std::unique_ptr<grpc::ClientContext> ctx =
+      grpc::ClientContext::FromCallbackServerContext(*server);
+  ctx->AddMetadata(kClusterTokenHeader, cluster.token());
+  ctx->AddMetadata(kClusterTenantHeader, tenant);
+  ctx->AddMetadata(kClusterFromHeader, cluster.member_id());
+  ctx->AddMetadata("x-request-id", request_id);
+  return ctx;
+}
+
+}  // namespace
+
+void BrokerService::ForwardUnary(const std::shared_ptr<Call>& call, const std::string& tenant,
+                                 const ClusterRoute& route, const grpc::ByteBuffer* in,
+                                 grpc::ByteBuffer* out, std::function<void(absl::Status)> finish) {
+  auto* f = new ForwardedCall;
+  f->ctx = ForwardContext(call->ctx, *cluster_, tenant, call->request_id);
+  f->request = *in;
+  f->stub = PeerStub(route.address);
+  const std::string path =
+      absl::StrCat("/", pb::SandboxBroker::service_full_name(), "/", call->method);
+  f->stub->UnaryCall(f->ctx.get(), path, grpc::StubOptions(), &f->request, &f->response,
+                     [this, f, call, tenant, route, out, finish](grpc::Status s) {
+                       if (s.ok()) {
+                         out->Swap(&f->response);
+                       } else if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+                         cluster_->ForgetRoute(tenant, call->session_id);
+                       }
+                       delete f;
+                       finish(FromGrpc(s));
+                     });
 }
 
 namespace {
@@ -319,6 +475,12 @@ class RunStreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
     return false;
   }
 
+  // An event another replica sent (a forwarded RunStream), as it came.
+  void Relay(grpc::ByteBuffer bb) {
+    const size_t bytes = bb.Length();
+    EnqueueBytes(std::move(bb), bytes);
+  }
+
   // The run's end: the result event (when OK), then the status.
   void Complete(absl::StatusOr<pb::RunResult> r, grpc::Status status) {
     if (r.ok()) {
@@ -329,6 +491,7 @@ class RunStreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
     bool finish;
     {
       absl::MutexLock l(&mu_);
+      resume_ = nullptr;  // the producer is done
       final_ = std::move(status);
       has_final_ = true;
       finish = ShouldFinishLocked();
@@ -377,6 +540,10 @@ class RunStreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   void Enqueue(pb::RunEvent ev, size_t bytes) {
     grpc::ByteBuffer bb;
     Serialize(ev, &bb);
+    EnqueueBytes(std::move(bb), bytes);
+  }
+
+  void EnqueueBytes(grpc::ByteBuffer bb, size_t bytes) {
     grpc::ByteBuffer* first = nullptr;
     {
       absl::MutexLock l(&mu_);
@@ -413,6 +580,51 @@ class RunStreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   std::function<void()> resume_ ABSL_GUARDED_BY(mu_);
 };
 
+// A forwarded RunStream's client side: reads the owner's events one at a
+// time into the caller's stream, reading the next only while the caller's
+// queue is below RunStreamReactor::kMaxBuffered (a slow reader slows the
+// owner's run, as it would locally). Deletes itself when done.
+class RunStreamRelay final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  RunStreamRelay(RunStreamReactor* server, std::unique_ptr<grpc::ClientContext> ctx,
+                 std::shared_ptr<grpc::GenericStub> stub, grpc::ByteBuffer request,
+                 std::function<void(grpc::Status)> done)
+      : server_(server),
+        ctx_(std::move(ctx)),
+        stub_(std::move(stub)),
+        request_(std::move(request)),
+        done_(std::move(done)) {}
+
+  void Start() {
+    stub_->PrepareBidiStreamingCall(
+        ctx_.get(), absl::StrCat("/", pb::SandboxBroker::service_full_name(), "/RunStream"),
+        grpc::StubOptions(), this);
+    StartWriteLast(&request_, grpc::WriteOptions());
+    StartRead(&event_);
+    StartCall();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream ended: OnDone has the status
+    server_->Relay(std::move(event_));
+    event_.Clear();
+    if (server_->Ready([this] { StartRead(&event_); })) StartRead(&event_);
+  }
+
+  void OnDone(const grpc::Status& s) override {
+    done_(s);
+    delete this;
+  }
+
+ private:
+  RunStreamReactor* const server_;
+  std::unique_ptr<grpc::ClientContext> ctx_;
+  std::shared_ptr<grpc::GenericStub> stub_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer event_;
+  std::function<void(grpc::Status)> done_;
+};
+
 }  // namespace
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* BrokerService::RunStream(
@@ -433,17 +645,40 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* BrokerService::RunStream(
   };
   Begin(
       call,
-      [this, req, call, reactor](const CallContext& cc) {
-        core_->RunStreamAsync(
-            cc, *req,
-            [reactor](OutputStream stream, absl::string_view data) {
-              reactor->Chunk(stream, data);
+      [this, req, call, reactor, request, fail](const CallContext& cc) {
+        auto local = [this, req, call, reactor, cc] {
+          core_->RunStreamAsync(
+              cc, *req,
+              [reactor](OutputStream stream, absl::string_view data) {
+                reactor->Chunk(stream, data);
+              },
+              [reactor](std::function<void()> resume) { return reactor->Ready(std::move(resume)); },
+              [this, call, reactor, req](absl::StatusOr<pb::RunResult> r) {
+                grpc::Status st = End(*call, r.status());
+                reactor->Complete(std::move(r), std::move(st));
+              });
+        };
+        if (cluster_ == nullptr) {
+          local();
+          return;
+        }
+        Route(
+            call, cc, req->spec().provider(), /*may_create=*/true, std::move(local),
+            [this, call, reactor, request, tenant = cc.tenant](const ClusterRoute& route) {
+              auto* relay = new RunStreamRelay(
+                  reactor, ForwardContext(call->ctx, *cluster_, tenant, call->request_id),
+                  PeerStub(route.address), *request, [this, call, reactor, tenant](grpc::Status s) {
+                    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+                      cluster_->ForgetRoute(tenant, call->session_id);
+                    }
+                    const absl::Status st = FromGrpc(s);
+                    reactor->Complete(
+                        absl::StatusOr<pb::RunResult>(st.ok() ? absl::UnknownError("relayed") : st),
+                        End(*call, st));
+                  });
+              relay->Start();
             },
-            [reactor](std::function<void()> resume) { return reactor->Ready(std::move(resume)); },
-            [this, call, reactor, req](absl::StatusOr<pb::RunResult> r) {
-              grpc::Status st = End(*call, r.status());
-              reactor->Complete(std::move(r), std::move(st));
-            });
+            fail);
       },
       fail);
   return reactor;

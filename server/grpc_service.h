@@ -1,14 +1,19 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
+#include <string>
 
 #include "absl/synchronization/mutex.h"
 #include "common/event_loop.h"
 #include "common/limiter.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/security/credentials.h"
 #include "sandboxbroker/v1/broker.grpc.pb.h"
 #include "server/auth.h"
 #include "server/broker_core.h"
+#include "server/cluster.h"
 #include "server/metrics.h"
 
 namespace sandbox {
@@ -37,6 +42,10 @@ class BrokerService final : public pb::SandboxBroker::Service {
   bool WaitForIdle(absl::Duration timeout);
   int calls_in_flight() const;
   Limiter* call_limiter() { return &calls_; }
+  // More than one broker: calls for sessions another replica owns are
+  // forwarded to it over gRPC with `peer_credentials` (server/cluster.h).
+  // Set before serving; not owned.
+  void SetCluster(Cluster* cluster, std::shared_ptr<grpc::ChannelCredentials> peer_credentials);
 
   // One call's bookkeeping from admission to its log line (internal).
   struct Call;
@@ -53,19 +62,37 @@ class BrokerService final : public pb::SandboxBroker::Service {
   enum class Mode { kInline, kBlocking };
   template <typename Resp>
   using Store = std::function<void(Resp&&)>;
+  // The call's raw request and response, for forwarding (cluster mode).
+  struct Raw {
+    const grpc::ByteBuffer* in = nullptr;
+    grpc::ByteBuffer* out = nullptr;
+    std::string provider;     // the spec's
+    bool may_create = false;  // the request has a spec
+  };
   template <typename Resp, typename AsyncFn>
   grpc::ServerUnaryReactor* UnaryAsync(grpc::CallbackServerContext* ctx, absl::string_view method,
-                                       const std::string& session_id, Store<Resp> store,
-                                       AsyncFn fn);
+                                       const std::string& session_id, Store<Resp> store, AsyncFn fn,
+                                       Raw raw);
   grpc::ServerWriteReactor<grpc::ByteBuffer>* RunStream(grpc::CallbackServerContext* ctx,
                                                         const grpc::ByteBuffer* request);
   // Admission (drain, max_calls_in_flight, authentication); then `go` with
   // the call's context, or `fail` with why not. Either is called once.
-  void Begin(const std::shared_ptr<Call>& call,
-             std::function<void(const CallContext&)> go,
+  void Begin(const std::shared_ptr<Call>& call, std::function<void(const CallContext&)> go,
              std::function<void(absl::Status)> fail);
   // The log line and metrics; returns the status to send.
   grpc::Status End(Call& call, const absl::Status& status);
+
+  // Where a session's call runs (cluster mode): `local` here, or `forward`
+  // to the owner; `fail` when neither can be known (etcd unreachable).
+  void Route(const std::shared_ptr<Call>& call, const CallContext& cc,
+             const std::string& requested_provider, bool may_create, std::function<void()> local,
+             std::function<void(const ClusterRoute&)> forward,
+             std::function<void(absl::Status)> fail);
+  // The unary call's request bytes to the owner; its answer into `out`.
+  void ForwardUnary(const std::shared_ptr<Call>& call, const std::string& tenant,
+                    const ClusterRoute& route, const grpc::ByteBuffer* in, grpc::ByteBuffer* out,
+                    std::function<void(absl::Status)> finish);
+  std::shared_ptr<grpc::GenericStub> PeerStub(const std::string& address);
 
   BrokerCore* const core_;
   const Authenticator* const auth_;
@@ -75,7 +102,17 @@ class BrokerService final : public pb::SandboxBroker::Service {
   mutable absl::Mutex mu_;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  Cluster* cluster_ = nullptr;
+  std::shared_ptr<grpc::ChannelCredentials> peer_credentials_;
+  absl::Mutex peers_mu_;
+  std::map<std::string, std::shared_ptr<grpc::GenericStub>> peers_ ABSL_GUARDED_BY(peers_mu_);
 };
+
+// Metadata of a call one replica forwards to another: the cluster token
+// (the only proof; a client cannot present it), and the caller's tenant.
+inline constexpr char kClusterTokenHeader[] = "x-sandbox-broker-cluster-token";
+inline constexpr char kClusterTenantHeader[] = "x-sandbox-broker-tenant";
+inline constexpr char kClusterFromHeader[] = "x-sandbox-broker-forwarded-by";
 
 // Longest status message sent (longer ones are cut; see ToGrpcStatus).
 inline constexpr size_t kMaxStatusMessageBytes = 1024;

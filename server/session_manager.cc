@@ -783,6 +783,70 @@ absl::Status SessionManager::AdoptLocked(const std::shared_ptr<Session>& s) {
   return att.status();
 }
 
+std::shared_ptr<SessionManager::Session> SessionManager::FromRecordLocked(const SessionRecord& r,
+                                                                          absl::Time now_wall,
+                                                                          absl::Time now_mono) {
+  auto s = std::make_shared<Session>();
+  s->tenant = r.tenant;
+  s->session_id = r.session_id;
+  s->provider = r.provider;
+  s->idle_timeout = limits_.idle_timeout;  // unless the row says otherwise
+  s->max_lifetime = limits_.max_lifetime;
+  s->attempt_id = r.attempt_id;
+  s->sandbox_id = r.sandbox_id;
+  s->generation = r.generation;
+  nlohmann::json spec = nlohmann::json::parse(r.spec_json, nullptr, false);
+  if (spec.is_object()) {
+    s->template_name = spec.value("template", "");
+    s->language = LanguageFromName(spec.value("language", "python"));
+    if (spec.contains("env") && spec["env"].is_object()) {
+      s->env = spec["env"].get<std::map<std::string, std::string>>();
+    }
+    if (spec.contains("labels") && spec["labels"].is_object()) {
+      s->labels = spec["labels"].get<std::map<std::string, std::string>>();
+    }
+    const int64_t idle_ms = spec.value("idle_timeout_ms", int64_t{0});
+    const int64_t life_ms = spec.value("max_lifetime_ms", int64_t{-1});
+    if (idle_ms > 0) s->idle_timeout = absl::Milliseconds(idle_ms);
+    if (life_ms >= 0) s->max_lifetime = absl::Milliseconds(life_ms);
+    if (spec.contains("resources") && spec["resources"].is_object()) {
+      const nlohmann::json& res = spec["resources"];
+      s->resources.memory_bytes = res.value("memory_bytes", int64_t{0});
+      s->resources.cpus = res.value("cpus", 0.0);
+      s->resources.pids = res.value("pids", int64_t{0});
+      s->resources.disk_bytes = res.value("disk_bytes", int64_t{0});
+    }
+  }
+  // Deadlines continue by wall clock: time spent down counts.
+  s->created_wall = r.created_at;
+  s->created_mono = now_mono - (now_wall - r.created_at);
+  s->last_active_wall = r.last_active_at;
+  s->last_active_mono = now_mono - (now_wall - r.last_active_at);
+  switch (r.state) {
+    case StoredState::kReady:
+      s->state = SessionStateKind::kReady;
+      s->adopt_pending = true;
+      IndexIdleLocked(s.get());
+      if (s->max_lifetime > absl::ZeroDuration()) {
+        s->lifetime_key = s->created_mono + s->max_lifetime;
+        lifetime_.insert({s->lifetime_key, s.get()});
+      }
+      break;
+    case StoredState::kCreating:
+      s->state = SessionStateKind::kCreating;
+      s->recovered = true;
+      break;
+    case StoredState::kClosing:
+      s->state = SessionStateKind::kClosing;
+      s->recovered = true;
+      s->adopt_pending = !s->sandbox_id.empty();
+      break;
+    case StoredState::kGone:
+      break;
+  }
+  return s;
+}
+
 absl::StatusOr<int64_t> SessionManager::LoadFromStore() {
   if (store_ == nullptr) return 0;
   absl::StatusOr<std::vector<SessionRecord>> rows = store_->LoadSessions();
@@ -796,64 +860,7 @@ absl::StatusOr<int64_t> SessionManager::LoadFromStore() {
       next_generation_[{r.tenant, r.session_id}] = r.generation + 1;
       continue;
     }
-    auto s = std::make_shared<Session>();
-    s->tenant = r.tenant;
-    s->session_id = r.session_id;
-    s->provider = r.provider;
-    s->idle_timeout = limits_.idle_timeout;  // unless the row says otherwise
-    s->max_lifetime = limits_.max_lifetime;
-    s->attempt_id = r.attempt_id;
-    s->sandbox_id = r.sandbox_id;
-    s->generation = r.generation;
-    nlohmann::json spec = nlohmann::json::parse(r.spec_json, nullptr, false);
-    if (spec.is_object()) {
-      s->template_name = spec.value("template", "");
-      s->language = LanguageFromName(spec.value("language", "python"));
-      if (spec.contains("env") && spec["env"].is_object()) {
-        s->env = spec["env"].get<std::map<std::string, std::string>>();
-      }
-      if (spec.contains("labels") && spec["labels"].is_object()) {
-        s->labels = spec["labels"].get<std::map<std::string, std::string>>();
-      }
-      const int64_t idle_ms = spec.value("idle_timeout_ms", int64_t{0});
-      const int64_t life_ms = spec.value("max_lifetime_ms", int64_t{-1});
-      if (idle_ms > 0) s->idle_timeout = absl::Milliseconds(idle_ms);
-      if (life_ms >= 0) s->max_lifetime = absl::Milliseconds(life_ms);
-      if (spec.contains("resources") && spec["resources"].is_object()) {
-        const nlohmann::json& res = spec["resources"];
-        s->resources.memory_bytes = res.value("memory_bytes", int64_t{0});
-        s->resources.cpus = res.value("cpus", 0.0);
-        s->resources.pids = res.value("pids", int64_t{0});
-        s->resources.disk_bytes = res.value("disk_bytes", int64_t{0});
-      }
-    }
-    // Deadlines continue by wall clock: time spent down counts.
-    s->created_wall = r.created_at;
-    s->created_mono = now_mono - (now_wall - r.created_at);
-    s->last_active_wall = r.last_active_at;
-    s->last_active_mono = now_mono - (now_wall - r.last_active_at);
-    switch (r.state) {
-      case StoredState::kReady:
-        s->state = SessionStateKind::kReady;
-        s->adopt_pending = true;
-        IndexIdleLocked(s.get());
-        if (s->max_lifetime > absl::ZeroDuration()) {
-          s->lifetime_key = s->created_mono + s->max_lifetime;
-          lifetime_.insert({s->lifetime_key, s.get()});
-        }
-        break;
-      case StoredState::kCreating:
-        s->state = SessionStateKind::kCreating;
-        s->recovered = true;
-        break;
-      case StoredState::kClosing:
-        s->state = SessionStateKind::kClosing;
-        s->recovered = true;
-        s->adopt_pending = !s->sandbox_id.empty();
-        break;
-      case StoredState::kGone:
-        break;
-    }
+    std::shared_ptr<Session> s = FromRecordLocked(r, now_wall, now_mono);
     auto& sessions = tenants_[r.tenant];
     if (sessions.emplace(r.session_id, s).second) {
       ++total_;
@@ -861,6 +868,110 @@ absl::StatusOr<int64_t> SessionManager::LoadFromStore() {
       if (metrics_) metrics_->SessionRecovered(s->provider, s->tenant);
     }
   }
+  return n;
+}
+
+absl::Status SessionManager::AdoptRecord(const SessionRecord& r) {
+  std::shared_ptr<Session> closing;
+  {
+    absl::MutexLock l(&mu_);
+    const std::pair<std::string, std::string> key{r.tenant, r.session_id};
+    auto& sessions = tenants_[r.tenant];
+    if (sessions.count(r.session_id) != 0) return absl::OkStatus();  // already here
+    switch (r.state) {
+      case StoredState::kGone:
+        next_generation_[key] = r.generation + 1;
+        break;
+      case StoredState::kCreating:
+        // A creation its replica never finished (or never recorded): this
+        // session starts over, with the same generation. A sandbox that
+        // creation made is no session's any more: the orphan sweep's.
+        if (r.generation > 1) next_generation_[key] = r.generation;
+        break;
+      case StoredState::kReady:
+      case StoredState::kClosing: {
+        std::shared_ptr<Session> s = FromRecordLocked(r, clock_->Now(), clock_->Monotonic());
+        s->recovered = false;
+        sessions.emplace(r.session_id, s);
+        ++total_;
+        if (metrics_) metrics_->SessionRecovered(s->provider, s->tenant);
+        if (r.state == StoredState::kClosing) closing = s;
+        break;
+      }
+    }
+    if (sessions.empty()) tenants_.erase(r.tenant);
+  }
+  Log(LogLevel::kInfo, "session.taken_over",
+      {{"tenant", r.tenant},
+       {"session_id", r.session_id},
+       {"provider", r.provider},
+       {"sandbox_id", r.sandbox_id},
+       {"generation", r.generation},
+       {"stored_state", static_cast<int64_t>(r.state)}});
+  // A close its replica did not finish: finish it (the sandbox is destroyed).
+  if (closing) FinishClose(closing, nullptr, CloseReason::kShutdown);
+  return absl::OkStatus();
+}
+
+SessionView SessionManager::ViewOfRecord(const SessionRecord& r) {
+  SessionView v;
+  v.tenant = r.tenant;
+  v.session_id = r.session_id;
+  v.provider = r.provider;
+  v.sandbox_id = r.sandbox_id;
+  v.state = r.state == StoredState::kReady     ? SessionStateKind::kReady
+            : r.state == StoredState::kClosing ? SessionStateKind::kClosing
+                                               : SessionStateKind::kCreating;
+  v.created_at = r.created_at;
+  v.last_active_at = r.last_active_at;
+  v.generation = r.generation;
+  nlohmann::json spec = nlohmann::json::parse(r.spec_json, nullptr, false);
+  if (spec.is_object()) {
+    v.template_name = spec.value("template", "");
+    v.language = LanguageFromName(spec.value("language", "python"));
+    if (spec.contains("labels") && spec["labels"].is_object()) {
+      for (const auto& [k, val] : spec["labels"].items()) {
+        if (val.is_string()) v.labels[k] = val.get<std::string>();
+      }
+    }
+  }
+  return v;
+}
+
+int SessionManager::GiveUp(const std::function<bool(const std::string& provider)>& destroy) {
+  std::vector<std::pair<std::string, std::shared_ptr<Sandbox>>> sandboxes;
+  int n = 0;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto& [tenant, sessions] : tenants_) {
+      for (auto& [id, s] : sessions) {
+        ++n;
+        if (s->sandbox) sandboxes.emplace_back(s->provider, std::move(s->sandbox));
+        s->gone = true;
+        s->idle_key = s->lifetime_key = absl::InfiniteFuture();
+        if (metrics_) {
+          metrics_->SessionClosed(s->provider, s->tenant, CloseReasonName(CloseReason::kGone));
+        }
+      }
+    }
+    tenants_.clear();
+    idle_.clear();
+    lifetime_.clear();
+    dirty_.clear();
+    total_ = 0;
+  }
+  int destroyed = 0;
+  for (auto& [provider, sb] : sandboxes) {
+    if (destroy(provider)) {
+      destroyed += sb->Destroy().ok() ? 1 : 0;
+    } else {
+      sb->Detach();
+    }
+  }
+  Log(LogLevel::kWarning, "sessions.given_up",
+      {{"sessions", static_cast<int64_t>(n)},
+       {"destroyed", static_cast<int64_t>(destroyed)},
+       {"message", "this replica lost its cluster lease: its sessions belong to others now"}});
   return n;
 }
 
@@ -958,9 +1069,24 @@ int SessionManager::SweepOrphans(absl::Duration grace) {
       continue;
     }
     std::vector<OwnedSandbox> orphans;
+    std::set<std::string> owned_ids, owned_attempts;
+    if (store_->shared()) {
+      // Every replica's sessions count (read after the listing: a sandbox
+      // created meanwhile has its intent row by now). A read error spares
+      // everything.
+      absl::StatusOr<std::vector<SessionRecord>> all = store_->LoadAllSessions();
+      if (!all.ok()) {
+        Log(LogLevel::kWarning, "sweep.store_read_failed",
+            {{"provider", name}, {"error", all.status().message()}});
+        return destroyed;
+      }
+      for (const SessionRecord& r : *all) {
+        if (!r.sandbox_id.empty()) owned_ids.insert(r.sandbox_id);
+        owned_attempts.insert(r.attempt_id);
+      }
+    }
     {
       absl::MutexLock l(&mu_);
-      std::set<std::string> owned_ids, owned_attempts;
       for (const auto& [tenant, sessions] : tenants_) {
         for (const auto& [id, s] : sessions) {
           if (!s->sandbox_id.empty()) owned_ids.insert(s->sandbox_id);

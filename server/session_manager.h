@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -165,6 +166,23 @@ class SessionManager {
   void SetDetachOnShutdown(bool detach);
   // Forgets every session without destroying its sandbox; rows stay.
   void DetachAll();
+
+  // ---- more than one broker (see README "Running more than one broker") ----
+
+  // Takes over one session another replica held (its row, read after this
+  // replica claimed it): a ready row becomes a session whose sandbox is
+  // attached on first use (a local sandbox from another machine is gone:
+  // the next call gets a new one, generation + 1); a creating row starts
+  // over; a closing row's destroy is finished. No-op when the session is
+  // in the table already.
+  absl::Status AdoptRecord(const SessionRecord& r);
+  // This replica lost its lease: forgets every session, writing nothing;
+  // sandboxes whose provider `destroy` names are destroyed (local ones no
+  // other replica can reach), the rest let go of (another replica adopts
+  // them). Returns how many sessions were given up.
+  int GiveUp(const std::function<bool(const std::string& provider)>& destroy);
+  // How a stored row (another replica's session) looks in a listing.
+  static SessionView ViewOfRecord(const SessionRecord& r);
   const std::string& deployment_id() const { return deployment_id_; }
 
   // A lease on the session. When it has no sandbox and `create` is set, one
@@ -258,6 +276,9 @@ class SessionManager {
   void RemoveLocked(Session* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkActiveLocked(Session* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   SessionRecord RecordOf(const Session& s, StoredState state) const;
+  // A session from a stored row (ready rows indexed as idle).
+  std::shared_ptr<Session> FromRecordLocked(const SessionRecord& r, absl::Time now_wall,
+                                            absl::Time now_mono) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Store write failures are logged; the in-memory table stays the truth.
   void StoreWrite(const char* what, const absl::Status& s);
   Lease MakeLeaseLocked(const std::shared_ptr<Session>& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -121,6 +121,12 @@ class SessionStore {
   // When the store was created (for a store from before usage was kept: when
   // this broker version first opened it).
   virtual absl::Time created_at() const { return absl::InfinitePast(); }
+
+  // True when other brokers keep their sessions in this store too (the
+  // cluster store): LoadSessions returns only this broker's, and the orphan
+  // sweep must spare what LoadAllSessions lists (every broker's rows).
+  virtual bool shared() const { return false; }
+  virtual absl::StatusOr<std::vector<SessionRecord>> LoadAllSessions() { return LoadSessions(); }
 };
 
 // Nothing durable; for tests and explicit opt-out.

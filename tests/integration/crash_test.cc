@@ -28,6 +28,7 @@
 #include "nlohmann/json.hpp"
 #include "sandboxbroker/v1/broker.grpc.pb.h"
 #include "server/session_store.h"
+#include "tests/testing/child_process.h"
 #include "tests/testing/store_rows.h"
 #include "tests/testing/temp_dir.h"
 
@@ -44,13 +45,6 @@ namespace {
 namespace pb = ::sandboxbroker::v1;
 using nlohmann::json;
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // Polls `done` every 20 ms until it holds or `timeout` passes (waiting for
 // another process, never for timing logic of our own).
 bool WaitFor(const std::function<bool()>& done, absl::Duration timeout = absl::Seconds(20)) {
@@ -61,68 +55,6 @@ bool WaitFor(const std::function<bool()>& done, absl::Duration timeout = absl::S
   }
   return done();
 }
-
-// A child process with stdout and stderr in files.
-class Proc {
- public:
-  Proc(const std::vector<std::string>& argv, const std::string& out, const std::string& err)
-      : out_(out), err_(err) {
-    pid_ = fork();
-    if (pid_ == 0) {
-      int o = open(out.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      int e = open(err.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      dup2(o, 1);
-      dup2(e, 2);
-      std::vector<char*> args;
-      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-  }
-  ~Proc() { Kill9(); }
-  void Kill9() {
-    if (Exited() || pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  // True once the child has ended on its own (not by Kill9 or Term): a
-  // sanitizer report, a crash, a failed start. Reaps it.
-  bool Exited() {
-    if (pid_ > 0) {
-      int st = 0;
-      if (waitpid(pid_, &st, WNOHANG) == pid_) {
-        pid_ = -1;
-        exited_ = true;
-        status_ = st;
-      }
-    }
-    return exited_;
-  }
-  // "exit 66" or "signal 6", once Exited().
-  std::string ExitStatus() const {
-    if (!exited_) return "running";
-    return WIFSIGNALED(status_) ? absl::StrCat("signal ", WTERMSIG(status_))
-                                : absl::StrCat("exit ", WEXITSTATUS(status_));
-  }
-  // SIGTERM, then wait for the exit; the exit status.
-  int Term() {
-    kill(pid_, SIGTERM);
-    int st = 0;
-    waitpid(pid_, &st, 0);
-    pid_ = -1;
-    return st;
-  }
-  const std::string& out() const { return out_; }
-  const std::string& err() const { return err_; }
-
- private:
-  pid_t pid_ = -1;
-  bool exited_ = false;
-  int status_ = 0;
-  std::string out_, err_;
-};
 
 class CrashTest : public ::testing::TestWithParam<std::string> {
  protected:

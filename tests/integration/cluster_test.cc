@@ -1,0 +1,482 @@
+// More than one broker (README "Running more than one broker"): three real
+// sandbox-brokerd replicas on one real etcd, the fake E2B as a separate
+// process counted through /_fake/stats. Replicas are killed with SIGKILL
+// and paused with SIGSTOP for real; time is waited for only where another
+// process must act (a lease expiring in etcd), by polling etcd itself.
+
+#include "server/cluster.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "adapters/http/http_client.h"
+#include "common/text.h"
+#include "grpcpp/create_channel.h"
+#include "nlohmann/json.hpp"
+#include "sandboxbroker/v1/broker.grpc.pb.h"
+#include "server/etcd_store.h"
+#include "tests/server/etcd_fixture.h"
+#include "tests/testing/child_process.h"
+#include "tests/testing/temp_dir.h"
+
+#ifndef FAKE_E2B_PATH
+#define FAKE_E2B_PATH "fake-e2b"
+#endif
+
+namespace sandbox {
+namespace {
+
+namespace pb = ::sandboxbroker::v1;
+using nlohmann::json;
+
+constexpr int kReplicas = 3;
+constexpr int kTtlSeconds = 2;
+constexpr char kToken[] = "cluster-test-token-0123456789";
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!EtcdInstalled()) GTEST_SKIP() << kEtcdPath << " is not installed";
+    ASSERT_TRUE(etcd_.Start());
+    deployment_ = absl::StrCat("cluster-", RandomHex(4));
+    StartFake();
+  }
+  void TearDown() override {
+    for (int i = 0; i < kReplicas; ++i) {
+      if (brokers_[i] != nullptr && brokers_[i]->Exited()) {
+        ADD_FAILURE() << "replica r" << i << " ended by itself (" << brokers_[i]->ExitStatus()
+                      << "); its stderr:\n"
+                      << ReadAll(brokers_[i]->err());
+      } else if (HasFailure() && brokers_[i] != nullptr) {
+        std::fprintf(stderr, "---- r%d stderr (tail) ----\n%s\n", i,
+                     Tail(ReadAll(brokers_[i]->err())).c_str());
+      }
+    }
+    for (auto& t : background_) t.join();
+    for (auto& b : brokers_) b.reset();
+    fake_.reset();
+  }
+  static std::string Tail(const std::string& s) {
+    return s.size() > 6000 ? s.substr(s.size() - 6000) : s;
+  }
+
+  void StartFake() {
+    mkdir((dir_.path() + "/fake").c_str(), 0711);
+    fake_ = std::make_unique<Proc>(
+        std::vector<std::string>{FAKE_E2B_PATH, "--port", "0", "--api-key", "cluster_key",
+                                 "--workspace-root", dir_.path() + "/fake", "--uid-base", "654000"},
+        dir_.path() + "/fake.out", dir_.path() + "/fake.err");
+    std::string port;
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          std::string o = ReadAll(fake_->out());
+          auto at = o.find("listening on 127.0.0.1:");
+          if (at == std::string::npos || o.find('\n', at) == std::string::npos) return false;
+          port = o.substr(at + 23, o.find('\n', at) - at - 23);
+          return true;
+        },
+        absl::Seconds(20)))
+        << ReadAll(fake_->err());
+    fake_url_ = absl::StrCat("http://127.0.0.1:", port);
+  }
+
+  json Config(int i, const std::string& provider) {
+    json c = {
+        {"listen", "127.0.0.1:0"},
+        {"default_provider", provider},
+        {"deployment_id", deployment_},
+        {"orphan_grace_seconds", 2},
+        {"orphan_sweep_interval_seconds", 1},
+        {"reap_interval_seconds", 1},
+        {"drain_grace_seconds", 2},
+        {"log_level", "debug"},
+        {"state",
+         {{"backend", "etcd"},
+          {"etcd",
+           {{"endpoints", {etcd_.endpoint()}},
+            {"prefix", "/cluster/"},
+            {"member_ttl_seconds", kTtlSeconds}}}}},
+        {"cluster", {{"member_id", absl::StrCat("r", i)}, {"token", kToken}}},
+        {"providers",
+         {{"local",
+           {{"workspace_root", absl::StrCat(dir_.path(), "/ws", i)},
+            {"uid_base", 674000 + 1000 * i}}},
+          {"e2b",
+           {{"api_key", "cluster_key"}, {"api_url", fake_url_}, {"sandbox_url", fake_url_}}}}}};
+    return c;
+  }
+
+  // Starts replica i and waits until it serves.
+  void StartReplica(int i, const std::string& provider = "e2b") {
+    const std::string cfg = absl::StrCat(dir_.path(), "/r", i, "-", ++starts_, ".json");
+    std::ofstream(cfg) << Config(i, provider).dump();
+    const std::string err = absl::StrCat(dir_.path(), "/r", i, "-", starts_, ".err");
+    brokers_[i] = std::make_unique<Proc>(std::vector<std::string>{BROKERD_PATH, "--config", cfg},
+                                         dir_.path() + "/broker.out", err);
+    std::string addr;
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          std::string log = ReadAll(err);
+          auto at = log.find("broker.serving address=");
+          if (at == std::string::npos) return false;
+          at += 23;
+          auto end = log.find_first_not_of("0123456789.:", at);
+          addr = log.substr(at, end - at);
+          return !addr.empty();
+        },
+        absl::Seconds(30)))
+        << ReadAll(err);
+    stubs_[i] =
+        pb::SandboxBroker::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  }
+  void StartAll(const std::string& provider = "e2b") {
+    for (int i = 0; i < kReplicas; ++i) StartReplica(i, provider);
+  }
+
+  static std::unique_ptr<grpc::ClientContext> Ctx(absl::Duration timeout = absl::Seconds(30)) {
+    auto c = std::make_unique<grpc::ClientContext>();
+    c->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    return c;
+  }
+  grpc::Status Shell(int i, const std::string& session, const std::string& command,
+                     pb::RunResult* out = nullptr) {
+    pb::ShellRequest r;
+    r.set_session_id(session);
+    r.set_command(command);
+    r.set_timeout_seconds(30);
+    pb::RunResult ignored;
+    return stubs_[i]->Shell(Ctx().get(), r, out ? out : &ignored);
+  }
+  grpc::Status Write(int i, const std::string& session, const std::string& path,
+                     const std::string& data) {
+    pb::WriteFileRequest r;
+    r.set_session_id(session);
+    r.set_path(path);
+    r.set_contents(data);
+    pb::WriteFileResponse resp;
+    return stubs_[i]->WriteFile(Ctx().get(), r, &resp);
+  }
+  std::string Read(int i, const std::string& session, const std::string& path,
+                   absl::Duration timeout = absl::Seconds(30)) {
+    pb::ReadFileRequest r;
+    r.set_session_id(session);
+    r.set_path(path);
+    pb::ReadFileResponse resp;
+    grpc::Status s = stubs_[i]->ReadFile(Ctx(timeout).get(), r, &resp);
+    if (!s.ok()) return absl::StrCat("<error ", s.error_code(), ": ", s.error_message(), ">");
+    return resp.found() ? resp.contents() : "<missing>";
+  }
+  absl::StatusOr<pb::SessionInfo> Info(int i, const std::string& session) {
+    pb::GetSessionRequest r;
+    r.set_session_id(session);
+    pb::SessionInfo info;
+    grpc::Status s = stubs_[i]->GetSession(Ctx().get(), r, &info);
+    if (!s.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+    }
+    return info;
+  }
+  absl::StatusOr<std::vector<pb::SessionInfo>> List(int i, int page_size = 0) {
+    std::vector<pb::SessionInfo> out;
+    std::string token;
+    do {
+      pb::ListSessionsRequest r;
+      r.set_page_size(page_size);
+      r.set_page_token(token);
+      pb::ListSessionsResponse resp;
+      grpc::Status s = stubs_[i]->ListSessions(Ctx().get(), r, &resp);
+      if (!s.ok()) return absl::UnavailableError(s.error_message());
+      for (const auto& info : resp.sessions()) out.push_back(info);
+      token = resp.next_page_token();
+    } while (!token.empty());
+    return out;
+  }
+
+  json Stats() {
+    HttpRequest req;
+    req.method = "GET";
+    req.url = fake_url_ + "/_fake/stats";
+    req.headers = {{"X-API-KEY", "cluster_key"}};
+    req.timeout = absl::Seconds(10);
+    auto resp = http_.Send(req);
+    if (!resp.ok()) return json();
+    return json::parse(resp->body, nullptr, false);
+  }
+  void Faults(const json& j) {
+    HttpRequest req;
+    req.method = "POST";
+    req.url = fake_url_ + "/_fake/faults";
+    req.body = j.dump();
+    req.headers = {{"Content-Type", "application/json"}, {"X-API-KEY", "cluster_key"}};
+    req.timeout = absl::Seconds(10);
+    ASSERT_TRUE(http_.Send(req).ok());
+  }
+
+  // The cluster's state, read directly.
+  std::unique_ptr<EtcdStore> Direct() {
+    EtcdStoreOptions o;
+    o.etcd.endpoints = {etcd_.endpoint()};
+    o.prefix = "/cluster/";
+    auto s = EtcdStore::Open(o);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+  std::string OwnerOf(EtcdStore* etcd, const std::string& session) {
+    auto o = etcd->GetOwner("default", session);
+    if (!o.ok() || !o->has_value()) return "";
+    return (*o)->member_id;
+  }
+
+  EtcdServer etcd_;
+  TempDir dir_;
+  std::string deployment_;
+  std::string fake_url_;
+  std::unique_ptr<Proc> fake_;
+  std::unique_ptr<Proc> brokers_[kReplicas];
+  std::unique_ptr<pb::SandboxBroker::Stub> stubs_[kReplicas];
+  std::vector<std::thread> background_;
+  HttpClient http_{"cluster-test"};
+  int starts_ = 0;
+};
+
+TEST_F(ClusterTest, FiftyConcurrentFirstCallsOverThreeReplicasMakeOneSandbox) {
+  StartAll();
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  std::vector<std::string> errors(50);
+  for (int k = 0; k < 50; ++k) {
+    threads.emplace_back([&, k] {
+      pb::RunResult out;
+      grpc::Status s = Shell(k % kReplicas, "shared", "echo hi", &out);
+      if (s.ok() && out.output() == "hi\n") {
+        ++ok;
+      } else {
+        errors[k] = absl::StrCat(s.error_code(), ": ", s.error_message(), " / ", out.output());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 50) << errors[0] << errors[1] << errors[2];
+  EXPECT_EQ(Stats().value("creates", -1), 1);
+  EXPECT_EQ(Stats().value("live", -1), 1);
+
+  // Every replica tells the same story: one sandbox, one owner.
+  auto first = Info(0, "shared");
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_FALSE(first->owner().empty());
+  for (int i = 1; i < kReplicas; ++i) {
+    auto info = Info(i, "shared");
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->sandbox_id(), first->sandbox_id());
+    EXPECT_EQ(info->owner(), first->owner());
+  }
+  auto etcd = Direct();
+  EXPECT_EQ(OwnerOf(etcd.get(), "shared"), first->owner());
+
+  // Files written through one replica are read through the others
+  // (forwarded to the owner).
+  ASSERT_TRUE(Write(1, "shared", "note.txt", "through r1").ok());
+  EXPECT_EQ(Read(0, "shared", "note.txt"), "through r1");
+  EXPECT_EQ(Read(2, "shared", "note.txt"), "through r1");
+  EXPECT_EQ(Read(2, "shared", "absent.txt"), "<missing>");
+
+  // RunStream through a replica that is not the owner: the owner's events.
+  const int other = first->owner() == "r0" ? 1 : 0;
+  pb::RunRequest rr;
+  rr.set_session_id("shared");
+  rr.set_code("for i in range(3): print('line', i)");
+  rr.set_language(pb::LANGUAGE_PYTHON);
+  auto ctx = Ctx();
+  auto reader = stubs_[other]->RunStream(ctx.get(), rr);
+  pb::RunEvent ev;
+  std::string streamed;
+  bool result = false;
+  while (reader->Read(&ev)) {
+    if (ev.has_output()) streamed += ev.output().data();
+    if (ev.has_result()) result = true;
+  }
+  grpc::Status st = reader->Finish();
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  EXPECT_TRUE(result);
+  EXPECT_EQ(streamed, "line 0\nline 1\nline 2\n");
+
+  // A client cannot present itself as a replica.
+  {
+    pb::GetSessionRequest r;
+    r.set_session_id("shared");
+    pb::SessionInfo info;
+    grpc::ClientContext c;
+    c.AddMetadata("x-sandbox-broker-cluster-token", "not-the-token-at-all");
+    c.AddMetadata("x-sandbox-broker-tenant", "someone-else");
+    grpc::Status s = stubs_[0]->GetSession(&c, r, &info);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+  }
+
+  // ListSessions from every replica: the same one session, with its owner.
+  for (int i = 0; i < kReplicas; ++i) {
+    auto list = List(i);
+    ASSERT_TRUE(list.ok()) << list.status();
+    ASSERT_EQ(list->size(), 1u);
+    EXPECT_EQ((*list)[0].session_id(), "shared");
+    EXPECT_EQ((*list)[0].owner(), first->owner());
+  }
+
+  // Closed through a non-owner: destroyed once, and forgotten everywhere.
+  pb::CloseSessionRequest cr;
+  cr.set_session_id("shared");
+  pb::CloseSessionResponse cresp;
+  ASSERT_TRUE(stubs_[other]->CloseSession(Ctx().get(), cr, &cresp).ok());
+  EXPECT_TRUE(cresp.existed());
+  EXPECT_EQ(Stats().value("live", -1), 0);
+  EXPECT_EQ(OwnerOf(etcd.get(), "shared"), "");
+  for (int i = 0; i < kReplicas; ++i) {
+    auto list = List(i);
+    ASSERT_TRUE(list.ok());
+    EXPECT_TRUE(list->empty());
+  }
+}
+
+TEST_F(ClusterTest, SessionsOfAKilledReplicaAreTakenOverWithFilesIntact) {
+  StartAll();
+  // Two sessions first touched on each replica: each owns its own two.
+  std::vector<std::string> ids;
+  for (int i = 0; i < kReplicas; ++i) {
+    for (int n = 0; n < 2; ++n) {
+      const std::string id = absl::StrCat("s", i, "-", n);
+      ids.push_back(id);
+      ASSERT_TRUE(Write(i, id, "f.txt", "content of " + id).ok());
+    }
+  }
+  auto etcd = Direct();
+  std::map<std::string, pb::SessionInfo> before;
+  for (const auto& id : ids) {
+    auto info = Info(0, id);
+    ASSERT_TRUE(info.ok()) << info.status();
+    before[id] = *info;
+  }
+  EXPECT_EQ(OwnerOf(etcd.get(), "s0-0"), "r0");
+  const int64_t creates = Stats().value("creates", -1);
+  ASSERT_EQ(creates, 6);
+
+  // r0 dies mid-traffic.
+  brokers_[0]->Kill9();
+  const absl::Time killed = absl::Now();
+  // Its sessions answer from r1 within member_ttl_seconds + 5 s, files intact.
+  std::string got;
+  const bool answered = WaitFor(
+      [&] {
+        got = Read(1, "s0-0", "f.txt", absl::Seconds(5));
+        return got == "content of s0-0";
+      },
+      absl::Seconds(kTtlSeconds + 5));
+  const absl::Duration takeover = absl::Now() - killed;
+  EXPECT_TRUE(answered) << got;
+  std::printf("takeover after kill -9: %lld ms (member_ttl_seconds %d)\n",
+              static_cast<long long>(absl::ToInt64Milliseconds(takeover)), kTtlSeconds);
+  EXPECT_EQ(Read(2, "s0-1", "f.txt"), "content of s0-1");
+  for (const auto& id : ids) {
+    auto info = Info(2, id);
+    ASSERT_TRUE(info.ok()) << id << ": " << info.status();
+    EXPECT_EQ(info->sandbox_id(), before[id].sandbox_id()) << id;
+    EXPECT_EQ(info->generation(), before[id].generation()) << id;
+    EXPECT_NE(info->owner(), "r0") << id;
+  }
+  // Nothing was created again, nothing was lost, no orphan is left.
+  EXPECT_EQ(Stats().value("creates", -1), creates);
+  EXPECT_EQ(Stats().value("live", -1), 6);
+  auto list = List(1);
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->size(), 6u);
+}
+
+TEST_F(ClusterTest, APausedOwnerPastItsLeaseLosesItsSessionAndDestroysItsLateSandbox) {
+  StartAll();
+  auto etcd = Direct();
+  // r0's create is held open at the provider...
+  Faults({{"create_latency_ms", 4000}});
+  std::atomic<int> late_code{-1};
+  background_.emplace_back([&] {
+    grpc::Status s = Write(0, "paused", "who.txt", "r0");
+    late_code = s.error_code();
+  });
+  ASSERT_TRUE(
+      WaitFor([&] { return Stats().value("creates_in_flight", 0) == 1; }, absl::Seconds(20)));
+  ASSERT_EQ(OwnerOf(etcd.get(), "paused"), "r0");
+  // ...and r0 is paused past its lease.
+  brokers_[0]->Signal(SIGSTOP);
+  ASSERT_TRUE(WaitFor([&] { return OwnerOf(etcd.get(), "paused").empty(); },
+                      absl::Seconds(kTtlSeconds + 5)));
+  Faults({{"create_latency_ms", 0}});
+  // Another replica takes the session and creates its own sandbox.
+  ASSERT_TRUE(Write(1, "paused", "who.txt", "r1").ok());
+  const std::string new_owner = OwnerOf(etcd.get(), "paused");
+  EXPECT_NE(new_owner, "r0");
+  EXPECT_FALSE(new_owner.empty());
+  brokers_[0]->Signal(SIGCONT);
+  // r0's create returns; its write is refused (stale fencing token) and it
+  // destroys that sandbox itself: one sandbox survives.
+  ASSERT_TRUE(WaitFor([&] { return late_code.load() != -1; }, absl::Seconds(20)));
+  EXPECT_NE(late_code.load(), 0);
+  EXPECT_TRUE(WaitFor([&] { return Stats().value("live", -1) == 1; }, absl::Seconds(20)))
+      << Stats().dump();
+  EXPECT_EQ(Stats().value("creates", -1), 2);
+  EXPECT_EQ(Read(2, "paused", "who.txt"), "r1");
+  auto row = etcd->LoadSession("default", "paused");
+  ASSERT_TRUE(row.ok() && row->has_value());
+  auto info = Info(1, "paused");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ((*row)->sandbox_id, info->sandbox_id());
+  // r0 rejoined as a new member and serves again (forwarding to the owner).
+  EXPECT_TRUE(WaitFor([&] { return Read(0, "paused", "who.txt", absl::Seconds(5)) == "r1"; },
+                      absl::Seconds(kTtlSeconds + 10)));
+  EXPECT_NE(ReadAll(brokers_[0]->err()).find("cluster.lease_lost"), std::string::npos);
+}
+
+TEST_F(ClusterTest, LocalSessionsArePlacedByRendezvousAndGetANewGenerationAfterTheirMachineDies) {
+  StartAll("local");
+  std::map<std::string, int> owned;
+  std::vector<std::string> ids;
+  for (int n = 0; n < 12; ++n) ids.push_back(absl::StrCat("local-", n));
+  for (int n = 0; n < 12; ++n) {
+    ASSERT_TRUE(Write(n % kReplicas, ids[n], "f.txt", "x").ok());
+  }
+  const std::vector<std::string> members = {"r0", "r1", "r2"};
+  for (const auto& id : ids) {
+    auto info = Info(0, id);
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->owner(), Cluster::Rendezvous("default", id, members)) << id;
+    EXPECT_EQ(info->generation(), 1);
+    ++owned[info->owner()];
+  }
+  EXPECT_GE(owned.size(), 2u) << "12 sessions all placed on one replica";
+  // The machine of one replica is gone: its sessions get new sandboxes
+  // (generation 2) on their next call, on a live replica.
+  std::string victim_id;
+  for (const auto& id : ids) {
+    if (Cluster::Rendezvous("default", id, members) == "r2") victim_id = id;
+  }
+  ASSERT_FALSE(victim_id.empty());
+  brokers_[2]->Kill9();
+  pb::SessionInfo after;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        if (!Shell(0, victim_id, "true").ok()) return false;
+        auto info = Info(0, victim_id);
+        if (!info.ok()) return false;
+        after = *info;
+        return true;
+      },
+      absl::Seconds(kTtlSeconds + 5)));
+  EXPECT_EQ(after.generation(), 2);
+  EXPECT_NE(after.owner(), "r2");
+  EXPECT_EQ(Read(1, victim_id, "f.txt"), "<missing>");  // a new sandbox: its files are gone
+}
+
+}  // namespace
+}  // namespace sandbox
