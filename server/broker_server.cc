@@ -197,6 +197,34 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
   s->service_ = std::make_unique<BrokerService>(s->core_.get(), s->auth_.get(), s->clock_,
                                                 s->metrics_.get(), config.limits);
 
+  if (s->cluster_) {
+    // Before the server starts: calls routed from the first one (a replica
+    // not yet joined answers UNAVAILABLE).
+    s->cluster_->SetSessions(s->sessions_.get());
+    s->core_->SetCluster(s->cluster_.get());
+    std::shared_ptr<grpc::ChannelCredentials> peer = grpc::InsecureChannelCredentials();
+    if (!config.tls_cert_file.empty()) {
+      // Replicas speak TLS to each other when clients do: trusting
+      // cluster.peer_ca_file (else the system roots), presenting this
+      // broker's own certificate where client certificates are required.
+      grpc::SslCredentialsOptions ssl;
+      auto slurp = [](const std::string& path) {
+        std::ifstream in(path, std::ios::binary);
+        std::stringstream ss;
+        ss << in.rdbuf();
+        return ss.str();
+      };
+      if (!config.cluster.peer_ca_file.empty())
+        ssl.pem_root_certs = slurp(config.cluster.peer_ca_file);
+      if (!config.tls_client_ca_file.empty()) {
+        ssl.pem_cert_chain = slurp(config.tls_cert_file);
+        ssl.pem_private_key = slurp(config.tls_key_file);
+      }
+      peer = grpc::SslCredentials(ssl);
+    }
+    s->service_->SetCluster(s->cluster_.get(), peer);
+  }
+
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!config.tls_cert_file.empty()) {
     auto read = [](const std::string& path, const char* what) -> absl::StatusOr<std::string> {
@@ -269,29 +297,7 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
     }
     s->cluster_->set_advertise_address(advertise);
     RETURN_IF_ERROR(s->cluster_->Join());
-    s->cluster_->Start(s->sessions_.get());
-    s->core_->SetCluster(s->cluster_.get());
-    std::shared_ptr<grpc::ChannelCredentials> peer = grpc::InsecureChannelCredentials();
-    if (!config.tls_cert_file.empty()) {
-      // Replicas speak TLS to each other when clients do: trusting
-      // cluster.peer_ca_file (else the system roots), presenting this
-      // broker's own certificate where client certificates are required.
-      grpc::SslCredentialsOptions ssl;
-      auto slurp = [](const std::string& path) {
-        std::ifstream in(path, std::ios::binary);
-        std::stringstream ss;
-        ss << in.rdbuf();
-        return ss.str();
-      };
-      if (!config.cluster.peer_ca_file.empty())
-        ssl.pem_root_certs = slurp(config.cluster.peer_ca_file);
-      if (!config.tls_client_ca_file.empty()) {
-        ssl.pem_cert_chain = slurp(config.tls_cert_file);
-        ssl.pem_private_key = slurp(config.tls_key_file);
-      }
-      peer = grpc::SslCredentials(ssl);
-    }
-    s->service_->SetCluster(s->cluster_.get(), peer);
+    s->cluster_->Start();
   }
   if (!config.mcp.listen.empty()) {
     McpServerOptions mo;

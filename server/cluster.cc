@@ -174,8 +174,7 @@ absl::Status Cluster::Join() {
   }
 }
 
-void Cluster::Start(SessionManager* sessions) {
-  sessions_ = sessions;
+void Cluster::Start() {
   keeper_ = std::thread([this] { Keep(); });
 }
 

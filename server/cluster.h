@@ -91,8 +91,10 @@ class Cluster {
   // predecessor with the same id to expire. UNAVAILABLE when etcd does not
   // answer.
   absl::Status Join();
+  // The session table takeovers go to (set before serving; not owned).
+  void SetSessions(SessionManager* sessions) { sessions_ = sessions; }
   // Starts the keeper (renewals, self-fencing, the takeover scan).
-  void Start(SessionManager* sessions);
+  void Start();
   // Stops the keeper and revokes the lease: this replica's owner keys go
   // with it, and other replicas adopt its sessions on their next call.
   void Leave();

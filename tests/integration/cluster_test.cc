@@ -39,11 +39,13 @@ constexpr int kReplicas = 3;
 constexpr int kTtlSeconds = 2;
 constexpr char kToken[] = "cluster-test-token-0123456789";
 
-class ClusterTest : public ::testing::Test {
+// The parameter: how many etcd members (1 or 3).
+class ClusterTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
     if (!EtcdInstalled()) GTEST_SKIP() << kEtcdPath << " is not installed";
-    ASSERT_TRUE(etcd_.Start());
+    etcd_ = std::make_unique<EtcdCluster>(GetParam());
+    ASSERT_TRUE(etcd_->Start());
     deployment_ = absl::StrCat("cluster-", RandomHex(4));
     StartFake();
   }
@@ -61,6 +63,7 @@ class ClusterTest : public ::testing::Test {
     for (auto& t : background_) t.join();
     for (auto& b : brokers_) b.reset();
     fake_.reset();
+    etcd_.reset();
   }
   static std::string Tail(const std::string& s) {
     return s.size() > 6000 ? s.substr(s.size() - 6000) : s;
@@ -99,7 +102,7 @@ class ClusterTest : public ::testing::Test {
         {"state",
          {{"backend", "etcd"},
           {"etcd",
-           {{"endpoints", {etcd_.endpoint()}},
+           {{"endpoints", etcd_->endpoints()},
             {"prefix", "/cluster/"},
             {"member_ttl_seconds", kTtlSeconds}}}}},
         {"cluster", {{"member_id", absl::StrCat("r", i)}, {"token", kToken}}},
@@ -221,7 +224,7 @@ class ClusterTest : public ::testing::Test {
   // The cluster's state, read directly.
   std::unique_ptr<EtcdStore> Direct() {
     EtcdStoreOptions o;
-    o.etcd.endpoints = {etcd_.endpoint()};
+    o.etcd.endpoints = etcd_->endpoints();
     o.prefix = "/cluster/";
     auto s = EtcdStore::Open(o);
     EXPECT_TRUE(s.ok()) << s.status();
@@ -233,8 +236,8 @@ class ClusterTest : public ::testing::Test {
     return (*o)->member_id;
   }
 
-  EtcdServer etcd_;
   TempDir dir_;
+  std::unique_ptr<EtcdCluster> etcd_;
   std::string deployment_;
   std::string fake_url_;
   std::unique_ptr<Proc> fake_;
@@ -245,7 +248,7 @@ class ClusterTest : public ::testing::Test {
   int starts_ = 0;
 };
 
-TEST_F(ClusterTest, FiftyConcurrentFirstCallsOverThreeReplicasMakeOneSandbox) {
+TEST_P(ClusterTest, FiftyConcurrentFirstCallsOverThreeReplicasMakeOneSandbox) {
   StartAll();
   std::vector<std::thread> threads;
   std::atomic<int> ok{0};
@@ -306,6 +309,31 @@ TEST_F(ClusterTest, FiftyConcurrentFirstCallsOverThreeReplicasMakeOneSandbox) {
   EXPECT_TRUE(result);
   EXPECT_EQ(streamed, "line 0\nline 1\nline 2\n");
 
+  // The caller's request id and deadline travel with the forwarded call:
+  // the owner logs the id, and a run past the deadline ends at it.
+  {
+    pb::ShellRequest r;
+    r.set_session_id("shared");
+    r.set_command("sleep 20");
+    r.set_timeout_seconds(60);
+    pb::RunResult out;
+    grpc::ClientContext c;
+    c.AddMetadata("x-request-id", "cluster-req-42");
+    c.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+    const absl::Time start = absl::Now();
+    grpc::Status s = stubs_[other]->Shell(&c, r, &out);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+    const int owner_index = first->owner()[1] - '0';
+    EXPECT_TRUE(WaitFor(
+        [&] {
+          return ReadAll(brokers_[owner_index]->err()).find("request_id=cluster-req-42") !=
+                 std::string::npos;
+        },
+        absl::Seconds(20)))
+        << "the owner never logged the forwarded call's request id";
+  }
+
   // A client cannot present itself as a replica.
   {
     pb::GetSessionRequest r;
@@ -342,7 +370,7 @@ TEST_F(ClusterTest, FiftyConcurrentFirstCallsOverThreeReplicasMakeOneSandbox) {
   }
 }
 
-TEST_F(ClusterTest, SessionsOfAKilledReplicaAreTakenOverWithFilesIntact) {
+TEST_P(ClusterTest, SessionsOfAKilledReplicaAreTakenOverWithFilesIntact) {
   StartAll();
   // Two sessions first touched on each replica: each owns its own two.
   std::vector<std::string> ids;
@@ -395,7 +423,7 @@ TEST_F(ClusterTest, SessionsOfAKilledReplicaAreTakenOverWithFilesIntact) {
   EXPECT_EQ(list->size(), 6u);
 }
 
-TEST_F(ClusterTest, APausedOwnerPastItsLeaseLosesItsSessionAndDestroysItsLateSandbox) {
+TEST_P(ClusterTest, APausedOwnerPastItsLeaseLosesItsSessionAndDestroysItsLateSandbox) {
   StartAll();
   auto etcd = Direct();
   // r0's create is held open at the provider...
@@ -438,7 +466,7 @@ TEST_F(ClusterTest, APausedOwnerPastItsLeaseLosesItsSessionAndDestroysItsLateSan
   EXPECT_NE(ReadAll(brokers_[0]->err()).find("cluster.lease_lost"), std::string::npos);
 }
 
-TEST_F(ClusterTest, LocalSessionsArePlacedByRendezvousAndGetANewGenerationAfterTheirMachineDies) {
+TEST_P(ClusterTest, LocalSessionsArePlacedByRendezvousAndGetANewGenerationAfterTheirMachineDies) {
   StartAll("local");
   std::map<std::string, int> owned;
   std::vector<std::string> ids;
@@ -477,6 +505,75 @@ TEST_F(ClusterTest, LocalSessionsArePlacedByRendezvousAndGetANewGenerationAfterT
   EXPECT_NE(after.owner(), "r2");
   EXPECT_EQ(Read(1, victim_id, "f.txt"), "<missing>");  // a new sandbox: its files are gone
 }
+
+TEST_P(ClusterTest, EtcdRestartedUnderLoadLosesNoSessionAndDoublesNone) {
+  StartAll();
+  std::vector<std::string> ids;
+  for (int i = 0; i < kReplicas; ++i) {
+    for (int n = 0; n < 2; ++n) {
+      const std::string id = absl::StrCat("load", i, "-", n);
+      ids.push_back(id);
+      ASSERT_TRUE(Write(i, id, "f.txt", "kept " + id).ok());
+    }
+  }
+  std::map<std::string, std::string> sandbox_of;
+  for (const auto& id : ids) {
+    auto info = Info(0, id);
+    ASSERT_TRUE(info.ok()) << info.status();
+    sandbox_of[id] = info->sandbox_id();
+  }
+  // Traffic on every replica while etcd goes away and comes back.
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0}, unavailable{0}, other{0};
+  std::vector<std::string> others(kReplicas);
+  for (int i = 0; i < kReplicas; ++i) {
+    background_.emplace_back([&, i] {
+      for (int k = 0; !stop.load(); ++k) {
+        const std::string& id = ids[(i + k) % ids.size()];
+        pb::ShellRequest r;
+        r.set_session_id(id);
+        r.set_command("cat f.txt");
+        pb::RunResult out;
+        grpc::Status s = stubs_[i]->Shell(Ctx(absl::Seconds(10)).get(), r, &out);
+        if (s.ok() && out.output() == "kept " + id) {
+          ++ok;
+        } else if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+          ++unavailable;
+        } else {
+          ++other;
+          others[i] = absl::StrCat(s.error_code(), ": ", s.error_message(), " / ", out.output());
+        }
+      }
+    });
+  }
+  ASSERT_TRUE(WaitFor([&] { return ok.load() >= 30; }, absl::Seconds(20)));
+  ASSERT_TRUE(etcd_->Restart());
+  const int at_restart = ok.load();
+  ASSERT_TRUE(WaitFor([&] { return ok.load() >= at_restart + 60; }, absl::Seconds(30)));
+  stop = true;
+  for (auto& t : background_) t.join();
+  background_.clear();
+  std::printf("etcd (%d member(s)) restarted under load: %d calls ok, %d UNAVAILABLE, %d other\n",
+              GetParam(), ok.load(), unavailable.load(), other.load());
+  // Failing closed means UNAVAILABLE (retry), never another answer.
+  EXPECT_EQ(other.load(), 0) << others[0] << others[1] << others[2];
+  // No session lost, none doubled: the same sandboxes, files intact.
+  for (const auto& id : ids) {
+    EXPECT_TRUE(WaitFor([&] { return Read(2, id, "f.txt", absl::Seconds(5)) == "kept " + id; },
+                        absl::Seconds(kTtlSeconds + 10)))
+        << id;
+    auto info = Info(1, id);
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->sandbox_id(), sandbox_of[id]) << id;
+  }
+  EXPECT_EQ(Stats().value("creates", -1), 6);
+  EXPECT_EQ(Stats().value("live", -1), 6);
+}
+
+INSTANTIATE_TEST_SUITE_P(Etcd, ClusterTest, ::testing::Values(1, 3),
+                         [](const ::testing::TestParamInfo<int>& p) {
+                           return absl::StrCat(p.param, "Node");
+                         });
 
 }  // namespace
 }  // namespace sandbox

@@ -78,27 +78,45 @@ class EtcdServer {
   }
   const std::string& data_dir_parent() const { return dir_.path(); }
 
+  std::string peer_url() const { return absl::StrCat("http://127.0.0.1:", peer_port_); }
+  // A member of a cluster (EtcdCluster): its name and the whole
+  // --initial-cluster list.
+  void SetMember(std::string name, std::string initial_cluster) {
+    name_ = std::move(name);
+    initial_cluster_ = std::move(initial_cluster);
+  }
+
   // Starts etcd and waits until it is healthy. False on timeout.
   bool Start() {
+    Launch();
+    return WaitHealthy(absl::Seconds(30));
+  }
+
+  // Starts etcd without waiting (the members of a cluster are healthy only
+  // once a quorum runs).
+  void Launch() {
     const std::string client = endpoint();
-    const std::string peer = absl::StrCat("http://127.0.0.1:", peer_port_);
-    std::vector<std::string> args = {kEtcdPath,
-                                     "--name",
-                                     "t",
-                                     "--data-dir",
-                                     dir_.path() + "/data",
-                                     "--listen-client-urls",
-                                     client,
-                                     "--advertise-client-urls",
-                                     client,
-                                     "--listen-peer-urls",
-                                     peer,
-                                     "--initial-advertise-peer-urls",
-                                     peer,
-                                     "--initial-cluster",
-                                     "t=" + peer,
-                                     "--log-level",
-                                     "warn"};
+    const std::string peer = peer_url();
+    std::vector<std::string> args = {
+        kEtcdPath,
+        "--name",
+        name_,
+        "--data-dir",
+        dir_.path() + "/data",
+        "--listen-client-urls",
+        client,
+        "--advertise-client-urls",
+        client,
+        "--listen-peer-urls",
+        peer,
+        "--initial-advertise-peer-urls",
+        peer,
+        "--initial-cluster",
+        initial_cluster_.empty() ? name_ + "=" + peer : initial_cluster_,
+        "--initial-cluster-token",
+        "sandbox-broker-test",
+        "--log-level",
+        "warn"};
     if (!tls_.cert_file.empty()) {
       args.insert(args.end(), {"--cert-file", tls_.cert_file, "--key-file", tls_.key_file});
     }
@@ -121,7 +139,6 @@ class EtcdServer {
       execv(kEtcdPath, argv.data());
       _exit(127);
     }
-    return WaitHealthy(absl::Seconds(30));
   }
 
   bool WaitHealthy(absl::Duration limit) {
@@ -164,6 +181,42 @@ class EtcdServer {
   int client_port_ = 0;
   int peer_port_ = 0;
   pid_t pid_ = -1;
+  std::string name_ = "t";
+  std::string initial_cluster_;
+};
+
+// `n` etcd members on loopback forming one cluster.
+class EtcdCluster {
+ public:
+  explicit EtcdCluster(int n) : members_(n) {
+    std::string initial;
+    for (int i = 0; i < n; ++i) {
+      absl::StrAppend(&initial, i ? "," : "", "m", i, "=", members_[i].peer_url());
+    }
+    for (int i = 0; i < n; ++i) members_[i].SetMember(absl::StrCat("m", i), initial);
+  }
+  bool Start() {
+    for (auto& m : members_) m.Launch();
+    for (auto& m : members_) {
+      if (!m.WaitHealthy(absl::Seconds(30))) return false;
+    }
+    return true;
+  }
+  std::vector<std::string> endpoints() const {
+    std::vector<std::string> out;
+    for (const auto& m : members_) out.push_back(m.endpoint());
+    return out;
+  }
+  EtcdServer& member(int i) { return members_[i]; }
+  // Every member killed with SIGKILL, then started again on its data.
+  bool Restart() {
+    for (auto& m : members_) m.Kill9();
+    return Start();
+  }
+  int size() const { return static_cast<int>(members_.size()); }
+
+ private:
+  std::vector<EtcdServer> members_;
 };
 
 }  // namespace sandbox
