@@ -215,9 +215,10 @@ TEST_F(WarmPoolE2BTest, AMemberIsNeverGivenTwiceNorReused) {
   ASSERT_TRUE(pool->Refill());
   std::vector<std::string> ids(6);
   std::vector<std::thread> threads;
+  SessionManager& manager = Manager();  // made once, before the threads share it
   for (int i = 0; i < 6; ++i) {
     threads.emplace_back([&, i] {
-      auto lease = Manager().Acquire("alpha", absl::StrCat("c", i), &create_);
+      auto lease = manager.Acquire("alpha", absl::StrCat("c", i), &create_);
       if (lease.ok()) ids[i] = lease->sandbox()->id();
     });
   }
