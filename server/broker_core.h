@@ -130,6 +130,7 @@ class BrokerCore {
   // serving; null = this broker is alone). ListSessions then lists every
   // replica's sessions, and SessionInfo.owner names the owner.
   void SetCluster(Cluster* cluster) { cluster_ = cluster; }
+  Cluster* cluster() const { return cluster_; }
   // The provider a new session of this call would get: `requested` (the
   // spec's), else the tenant's default, else the broker's.
   std::string ProviderFor(const CallContext& ctx, const std::string& requested) const;

@@ -223,6 +223,7 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
       peer = grpc::SslCredentials(ssl);
     }
     s->service_->SetCluster(s->cluster_.get(), peer);
+    s->peer_credentials_ = peer;
   }
 
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
@@ -310,6 +311,7 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
     mo.keepalive_interval = absl::Seconds(config.mcp.keepalive_seconds);
     s->mcp_backend_ = std::make_unique<McpCoreBackend>(s->core_.get(), s->auth_.get(), s->clock_,
                                                        s->metrics_.get());
+    if (s->cluster_) s->mcp_backend_->SetCluster(s->cluster_.get(), s->peer_credentials_);
     s->mcp_ = std::make_unique<McpServer>(s->mcp_backend_.get(), s->clock_, mo);
     ASSIGN_OR_RETURN(s->mcp_http_, McpHttpListener::Start(s->mcp_.get(), config));
   }

@@ -141,6 +141,7 @@ class BrokerServer {
   std::unique_ptr<EtcdStore> etcd_store_;
   std::unique_ptr<Cluster> cluster_;
   bool cluster_ready_ = false;  // as last published (health thread)
+  std::shared_ptr<grpc::ChannelCredentials> peer_credentials_;
   std::unique_ptr<RunLedger> runs_;
   // Before the session table, which holds pointers to them.
   std::vector<std::unique_ptr<Limiter>> create_limiters_;

@@ -59,8 +59,16 @@ BrokerService::BrokerService(BrokerCore* core, const Authenticator* auth, Clock*
       1, "CloseSession", blocking(&BrokerCore::CloseSession));
   RegisterUnary<pb::GetSessionRequest, pb::SessionInfo>(2, "GetSession",
                                                         inline_(&BrokerCore::GetSession));
+  // With more than one broker the listing reads etcd: on the pool.
   RegisterUnary<pb::ListSessionsRequest, pb::ListSessionsResponse>(
-      3, "ListSessions", inline_(&BrokerCore::ListSessions));
+      3, "ListSessions", [core](const CallContext& cc, auto req, auto done) {
+        if (core->cluster() == nullptr) {
+          done(core->ListSessions(cc, *req));
+          return;
+        }
+        core->blocking_pool()->Submit(
+            [core, cc, req, done] { done(core->ListSessions(cc, *req)); });
+      });
   RegisterUnary<pb::RunRequest, pb::RunResult>(
       4, "Run", [core](const CallContext& cc, auto req, auto done) {
         core->RunAsync(cc, *req,

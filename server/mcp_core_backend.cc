@@ -1,6 +1,10 @@
 #include "server/mcp_core_backend.h"
 
 #include "common/log.h"
+#include "common/status_macros.h"
+#include "grpcpp/create_channel.h"
+#include "nlohmann/json.hpp"
+#include "server/grpc_service.h"
 
 namespace sandbox {
 
@@ -37,7 +41,37 @@ absl::StatusOr<McpToolOutcome> McpCoreBackend::CallTool(const McpCall& call,
   if (call.on_output) {
     extras.on_output = [&call](OutputStream, absl::string_view chunk) { call.on_output(chunk); };
   }
-  absl::StatusOr<pb::CallToolResponse> r = core_->CallTool(ctx, req, extras);
+  absl::StatusOr<pb::CallToolResponse> r;
+  absl::StatusOr<pb::SandboxBroker::Stub*> owner =
+      OwnerStub(call.tenant, req.session_id(), core_->ProviderFor(ctx, req.spec().provider()),
+                /*may_create=*/true);
+  if (!owner.ok()) {
+    r = owner.status();
+  } else if (*owner != nullptr) {
+    std::unique_ptr<grpc::ClientContext> c = PeerContext(call.tenant);
+    pb::CallToolResponse resp;
+    grpc::Status s = (*owner)->CallTool(c.get(), req, &resp);
+    if (s.ok()) {
+      // What the owner ran, from its answer's text (run/shell: JSON).
+      nlohmann::json j = nlohmann::json::parse(resp.content(), nullptr, false);
+      if (!resp.is_error() && j.is_object() && j.contains("output")) {
+        run.set_output(j.value("output", ""));
+        run.set_exit_code(j.value("exitCode", 0));
+        run.set_timed_out(j.value("timedOut", false));
+        run.set_truncated(j.value("truncated", false));
+        run.set_oom_killed(j.value("oomKilled", false));
+      }
+      found = resp.content() != "[file not found]";
+      r = std::move(resp);
+    } else {
+      if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+        cluster_->ForgetRoute(call.tenant, req.session_id());
+      }
+      r = absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+    }
+  } else {
+    r = core_->CallTool(ctx, req, extras);
+  }
   const absl::Duration took = clock_->Monotonic() - start;
   const std::string code = absl::StatusCodeToString(r.status().code());
   const LogLevel level = r.ok() ? LogLevel::kInfo : LogLevel::kWarning;
@@ -45,7 +79,8 @@ absl::StatusOr<McpToolOutcome> McpCoreBackend::CallTool(const McpCall& call,
     Log(level, "mcp.call",
         {{"tenant", call.tenant},
          {"tool", req.name().size() <= 128 ? req.name() : std::string("(long)")},
-         {"session_id", req.session_id().size() <= 128 ? req.session_id() : std::string("(invalid)")},
+         {"session_id",
+          req.session_id().size() <= 128 ? req.session_id() : std::string("(invalid)")},
          {"provider", provider.empty() ? std::string("-") : provider},
          {"code", code},
          {"is_error", r.ok() && r->is_error()},
@@ -64,7 +99,43 @@ void McpCoreBackend::CloseSession(const std::string& tenant, const std::string& 
   ctx.tenant = tenant;
   pb::CloseSessionRequest req;
   req.set_session_id(session_id);
+  absl::StatusOr<pb::SandboxBroker::Stub*> owner =
+      OwnerStub(tenant, session_id, "", /*may_create=*/false);
+  if (owner.ok() && *owner != nullptr) {
+    std::unique_ptr<grpc::ClientContext> c = PeerContext(tenant);
+    pb::CloseSessionResponse resp;
+    (void)(*owner)->CloseSession(c.get(), req, &resp);
+    return;
+  }
   (void)core_->CloseSession(ctx, req);
+}
+
+absl::StatusOr<pb::SandboxBroker::Stub*> McpCoreBackend::OwnerStub(const std::string& tenant,
+                                                                   const std::string& session_id,
+                                                                   const std::string& provider,
+                                                                   bool may_create) {
+  if (cluster_ == nullptr || session_id.empty() || cluster_->ServesLocally(tenant, session_id)) {
+    return nullptr;
+  }
+  ASSIGN_OR_RETURN(ClusterRoute route,
+                   cluster_->Resolve(tenant, session_id, provider, may_create, false));
+  if (route.local) return nullptr;
+  absl::MutexLock l(&stubs_mu_);
+  auto& stub = stubs_[route.address];
+  if (!stub) {
+    stub = pb::SandboxBroker::NewStub(
+        grpc::CreateChannel(route.address, peer_ ? peer_ : grpc::InsecureChannelCredentials()));
+  }
+  return stub.get();
+}
+
+std::unique_ptr<grpc::ClientContext> McpCoreBackend::PeerContext(const std::string& tenant) const {
+  auto c = std::make_unique<grpc::ClientContext>();
+  c->AddMetadata(kClusterTokenHeader, cluster_->token());
+  c->AddMetadata(kClusterTenantHeader, tenant);
+  c->AddMetadata(kClusterFromHeader, cluster_->member_id());
+  c->set_deadline(absl::ToChronoTime(absl::Now() + absl::Hours(1)));
+  return c;
 }
 
 }  // namespace sandbox

@@ -1,5 +1,11 @@
 #pragma once
 
+#include <map>
+#include <memory>
+
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/security/credentials.h"
+#include "sandboxbroker/v1/broker.grpc.pb.h"
 #include "server/auth.h"
 #include "server/broker_core.h"
 #include "server/mcp_backend.h"
@@ -25,7 +31,25 @@ class McpCoreBackend final : public McpBackend {
                                           const pb::CallToolRequest& req) override;
   void CloseSession(const std::string& tenant, const std::string& session_id) override;
 
+  // More than one broker: a tool call for a session another replica owns
+  // is sent to it as a CallTool RPC (its answer, without output streamed as
+  // it comes). Set before serving; not owned.
+  void SetCluster(Cluster* cluster, std::shared_ptr<grpc::ChannelCredentials> peer) {
+    cluster_ = cluster;
+    peer_ = std::move(peer);
+  }
+
  private:
+  // Cluster mode: null when the call runs here, else a stub to the owner;
+  // an error when the owner cannot be known (etcd unreachable).
+  absl::StatusOr<pb::SandboxBroker::Stub*> OwnerStub(const std::string& tenant,
+                                                     const std::string& session_id,
+                                                     const std::string& provider, bool may_create);
+  std::unique_ptr<grpc::ClientContext> PeerContext(const std::string& tenant) const;
+  Cluster* cluster_ = nullptr;
+  std::shared_ptr<grpc::ChannelCredentials> peer_;
+  absl::Mutex stubs_mu_;
+  std::map<std::string, std::unique_ptr<pb::SandboxBroker::Stub>> stubs_ ABSL_GUARDED_BY(stubs_mu_);
   BrokerCore* const core_;
   const Authenticator* const auth_;
   Clock* const clock_;

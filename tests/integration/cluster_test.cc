@@ -116,9 +116,12 @@ class ClusterTest : public ::testing::TestWithParam<int> {
   }
 
   // Starts replica i and waits until it serves.
-  void StartReplica(int i, const std::string& provider = "e2b") {
+  void StartReplica(int i, const std::string& provider = "e2b",
+                    const json& extra = json::object()) {
     const std::string cfg = absl::StrCat(dir_.path(), "/r", i, "-", ++starts_, ".json");
-    std::ofstream(cfg) << Config(i, provider).dump();
+    json c = Config(i, provider);
+    c.merge_patch(extra);
+    std::ofstream(cfg) << c.dump();
     const std::string err = absl::StrCat(dir_.path(), "/r", i, "-", starts_, ".err");
     brokers_[i] = std::make_unique<Proc>(std::vector<std::string>{BROKERD_PATH, "--config", cfg},
                                          dir_.path() + "/broker.out", err);
@@ -137,9 +140,13 @@ class ClusterTest : public ::testing::TestWithParam<int> {
         << ReadAll(err);
     stubs_[i] =
         pb::SandboxBroker::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+    const std::string log = ReadAll(err);
+    if (auto at = log.find("mcp.serving address=127.0.0.1:"); at != std::string::npos) {
+      mcp_ports_[i] = atoi(log.c_str() + at + 30);
+    }
   }
-  void StartAll(const std::string& provider = "e2b") {
-    for (int i = 0; i < kReplicas; ++i) StartReplica(i, provider);
+  void StartAll(const std::string& provider = "e2b", const json& extra = json::object()) {
+    for (int i = 0; i < kReplicas; ++i) StartReplica(i, provider, extra);
   }
 
   static std::unique_ptr<grpc::ClientContext> Ctx(absl::Duration timeout = absl::Seconds(30)) {
@@ -243,6 +250,7 @@ class ClusterTest : public ::testing::TestWithParam<int> {
   std::unique_ptr<Proc> fake_;
   std::unique_ptr<Proc> brokers_[kReplicas];
   std::unique_ptr<pb::SandboxBroker::Stub> stubs_[kReplicas];
+  int mcp_ports_[kReplicas] = {};
   std::vector<std::thread> background_;
   HttpClient http_{"cluster-test"};
   int starts_ = 0;
@@ -568,6 +576,61 @@ TEST_P(ClusterTest, EtcdRestartedUnderLoadLosesNoSessionAndDoublesNone) {
   }
   EXPECT_EQ(Stats().value("creates", -1), 6);
   EXPECT_EQ(Stats().value("live", -1), 6);
+}
+
+TEST_P(ClusterTest, IdleSessionsOfADeadReplicaAreTakenOverAndReapedOnceWithoutACall) {
+  StartAll("e2b", {{"idle_timeout_seconds", 3}});
+  for (int n = 0; n < 3; ++n) {
+    ASSERT_TRUE(Write(0, absl::StrCat("idle-", n), "f.txt", "x").ok());
+  }
+  ASSERT_EQ(Stats().value("live", -1), 3);
+  brokers_[0]->Kill9();
+  // Nobody calls them: the others' scan adopts them and their reapers
+  // close them when idle; each sandbox is destroyed once.
+  EXPECT_TRUE(WaitFor([&] { return Stats().value("live", -1) == 0; }, absl::Seconds(30)))
+      << Stats().dump();
+  EXPECT_EQ(Stats().value("deletes", -1), 3);
+  auto etcd = Direct();
+  auto rows = etcd->LoadSessions();
+  ASSERT_TRUE(rows.ok());
+  EXPECT_TRUE(rows->empty());
+}
+
+TEST_P(ClusterTest, McpToolCallsGoToTheSessionsOwner) {
+  StartAll("e2b", {{"mcp", {{"listen", "127.0.0.1:0"}}}});
+  ASSERT_TRUE(Write(0, "m1", "f.txt", "written over grpc").ok());
+  ASSERT_GT(mcp_ports_[1], 0);
+  auto call = [&](int i, const std::string& tool, const json& args) {
+    json meta = {{"io.modelcontextprotocol/protocolVersion", "2026-07-28"},
+                 {"io.modelcontextprotocol/clientCapabilities", json::object()}};
+    HttpRequest req;
+    req.method = "POST";
+    req.url = absl::StrCat("http://127.0.0.1:", mcp_ports_[i], "/mcp");
+    req.headers = {{"Content-Type", "application/json"},
+                   {"Accept", "application/json, text/event-stream"},
+                   {"MCP-Protocol-Version", "2026-07-28"},
+                   {"Mcp-Method", "tools/call"},
+                   {"Mcp-Name", tool}};
+    req.body = json({{"jsonrpc", "2.0"},
+                     {"id", 1},
+                     {"method", "tools/call"},
+                     {"params", {{"name", tool}, {"arguments", args}, {"_meta", meta}}}})
+                   .dump();
+    req.timeout = absl::Seconds(30);
+    auto resp = http_.Send(req);
+    if (!resp.ok()) return json();
+    const std::string& body = resp->body;
+    size_t at = body.rfind("data: ");
+    return json::parse(at == std::string::npos ? body : body.substr(at + 6), nullptr, false);
+  };
+  // r1 does not own m1: the tool call runs on r0's sandbox.
+  json r = call(1, "sandbox_e2b_shell", {{"command", "cat f.txt"}, {"session", "m1"}});
+  ASSERT_TRUE(r.is_object()) << r.dump();
+  EXPECT_EQ(r["result"]["structuredContent"].value("output", "<none>"), "written over grpc")
+      << r.dump();
+  json rf = call(2, "sandbox_e2b_read_file", {{"path", "nope.txt"}, {"session", "m1"}});
+  EXPECT_EQ(rf["result"]["structuredContent"].value("found", true), false) << rf.dump();
+  EXPECT_EQ(Stats().value("creates", -1), 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Etcd, ClusterTest, ::testing::Values(1, 3),
