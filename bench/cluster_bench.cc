@@ -71,7 +71,7 @@ bool StartReplica(const Options& o, const std::string& dir, const std::string& e
   json c = {
       {"listen", "127.0.0.1:0"},
       {"default_provider", "echo"},
-      {"log_level", "warning"},
+      {"log_level", "info"},
       {"max_sessions_per_tenant", 100000},
       {"state",
        {{"backend", "etcd"},

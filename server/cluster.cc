@@ -344,7 +344,9 @@ absl::StatusOr<ClusterRoute> Cluster::Resolve(const std::string& tenant,
     if (!row->has_value()) return ClusterRoute{true, options_.member_id, ""};
   }
   if (!forwarded && options_.machine_local.count(provider) != 0) {
-    ASSIGN_OR_RETURN(std::vector<MemberInfo> members, Members(false));
+    // A fresh member list (one read per new local session): placement
+    // follows the membership at the moment of the call.
+    ASSIGN_OR_RETURN(std::vector<MemberInfo> members, Members(true));
     std::vector<std::string> ids;
     for (const MemberInfo& m : members) ids.push_back(m.id);
     if (std::find(ids.begin(), ids.end(), options_.member_id) == ids.end()) {
