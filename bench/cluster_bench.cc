@@ -83,18 +83,7 @@ bool StartReplica(const Options& o, const std::string& dir, const std::string& e
   const std::string err = absl::StrCat(dir, "/r", i, ".err");
   r->proc = std::make_unique<Proc>(std::vector<std::string>{o.brokerd, "--config", cfg},
                                    dir + "/out", err);
-  std::string addr;
-  const absl::Time end = absl::Now() + absl::Seconds(30);
-  while (absl::Now() < end && addr.empty()) {
-    std::string log = ReadAll(err);
-    auto at = log.find("broker.serving address=");
-    if (at != std::string::npos) {
-      at += 23;
-      addr = log.substr(at, log.find_first_not_of("0123456789.:", at) - at);
-    } else {
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-  }
+  const std::string addr = WaitForServingAddress(err, absl::Seconds(30));
   if (addr.empty()) {
     fprintf(stderr, "replica r%d did not start:\n%s\n", i, ReadAll(err).c_str());
     return false;

@@ -376,17 +376,7 @@ std::string EtcdStore::OwnerKey(const std::string& tenant, const std::string& id
 }
 
 absl::StatusOr<std::vector<SessionRecord>> EtcdStore::LoadSessions() {
-  absl::StatusOr<std::vector<EtcdKv>> kvs =
-      client_->GetPrefix(prefix_ + "sessions/", options_.page_size);
-  if (!kvs.ok()) return kvs.status();
-  std::vector<SessionRecord> out;
-  out.reserve(kvs->size());
-  for (const EtcdKv& kv : *kvs) {
-    absl::StatusOr<SessionRecord> r = ParseSession(kv.key, kv.value);
-    if (!r.ok()) return r.status();
-    out.push_back(*std::move(r));
-  }
-  return out;
+  return LoadTenantSessions("");
 }
 
 absl::Status EtcdStore::PutSession(const SessionRecord& record) {
@@ -747,9 +737,10 @@ absl::StatusOr<std::optional<SessionRecord>> EtcdStore::LoadSession(const std::s
 
 absl::StatusOr<std::vector<SessionRecord>> EtcdStore::LoadTenantSessions(
     const std::string& tenant) {
-  if (tenant.empty()) return LoadSessions();
-  absl::StatusOr<std::vector<EtcdKv>> kvs = client_->GetPrefix(
-      absl::StrCat(prefix_, "sessions/", EtcdKeyComponent(tenant), "/"), options_.page_size);
+  const std::string under = tenant.empty()
+                                ? absl::StrCat(prefix_, "sessions/")
+                                : absl::StrCat(prefix_, "sessions/", EtcdKeyComponent(tenant), "/");
+  absl::StatusOr<std::vector<EtcdKv>> kvs = client_->GetPrefix(under, options_.page_size);
   if (!kvs.ok()) return kvs.status();
   std::vector<SessionRecord> out;
   out.reserve(kvs->size());

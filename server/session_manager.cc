@@ -514,14 +514,23 @@ void SessionManager::FinishClose(const std::shared_ptr<Session>& s,
     pending = s->adopt_pending && !s->sandbox_id.empty();
   }
   // Write-ahead: a crash from here on finishes the destroy at next start.
+  // With a shared store the write is fenced, the owner's re-check right
+  // before the destroy: refused, another replica owns the session now and
+  // its sandbox is theirs, so this one lets go of it instead.
+  bool owned = true;
   if (store_ && reason != CloseReason::kGone) {
-    StoreWrite("closing", store_->PutSession(rec));
+    const absl::Status w = store_->PutSession(rec);
+    if (store_->shared() && w.code() == absl::StatusCode::kFailedPrecondition) owned = false;
+    StoreWrite("closing", w);
   }
   // What the sandbox used, read just before it is destroyed (usage metering
   // counts its CPU seconds at close).
   std::optional<SandboxUsage> final_usage;
   absl::Status st = absl::OkStatus();
-  if (sandbox) {
+  if (!owned) {
+    if (sandbox) sandbox->Detach();
+    st = absl::FailedPreconditionError("not destroyed: another replica owns the session now");
+  } else if (sandbox) {
     final_usage = sandbox->Usage();
     st = sandbox->Destroy();
   } else if (pending && reason != CloseReason::kGone) {
@@ -538,7 +547,7 @@ void SessionManager::FinishClose(const std::shared_ptr<Session>& s,
       st = att.status();
     }
   }
-  if (store_) {
+  if (store_ && owned) {
     if (reason == CloseReason::kGone) {
       rec.state = StoredState::kGone;  // a tombstone keeping the generation
       StoreWrite("gone", store_->PutSession(rec));

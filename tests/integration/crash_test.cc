@@ -155,16 +155,8 @@ class CrashTest : public ::testing::TestWithParam<std::string> {
     const std::string err = absl::StrCat(dir_.path(), "/broker-", starts_, ".err");
     broker_ = std::make_unique<Proc>(std::vector<std::string>{BROKERD_PATH, "--config", cfg},
                                      dir_.path() + "/broker.out", err);
-    std::string addr;
-    ASSERT_TRUE(WaitFor([&] {
-      std::string log = ReadAll(err);
-      auto at = log.find("broker.serving address=");
-      if (at == std::string::npos) return false;
-      at += 23;
-      auto end = log.find_first_not_of("0123456789.:", at);
-      addr = log.substr(at, end - at);
-      return !addr.empty();
-    })) << ReadAll(err);
+    const std::string addr = WaitForServingAddress(err, absl::Seconds(20));
+    ASSERT_FALSE(addr.empty()) << ReadAll(err);
     stub_ =
         pb::SandboxBroker::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
   }

@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace sandbox {
 
@@ -91,5 +93,23 @@ class Proc {
   int status_ = 0;
   std::string out_, err_;
 };
+
+// The address a sandbox-brokerd child logs once it serves ("broker.serving
+// address=HOST:PORT" in its stderr file), or "" if it does not within
+// `limit` (polled every 20 ms: waiting for another process).
+inline std::string WaitForServingAddress(const std::string& err_path, absl::Duration limit) {
+  const absl::Time end = absl::Now() + limit;
+  while (true) {
+    const std::string log = ReadAll(err_path);
+    auto at = log.find("broker.serving address=");
+    if (at != std::string::npos) {
+      at += 23;
+      std::string addr = log.substr(at, log.find_first_not_of("0123456789.:", at) - at);
+      if (!addr.empty()) return addr;
+    }
+    if (absl::Now() >= end) return "";
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
 
 }  // namespace sandbox
