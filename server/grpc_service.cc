@@ -367,7 +367,9 @@ void BrokerService::Route(const std::shared_ptr<Call>& call, const CallContext& 
                           std::function<void()> local,
                           std::function<void(const ClusterRoute&)> forward,
                           std::function<void(absl::Status)> fail) {
-  if (cluster_->ServesLocally(cc.tenant, call->session_id)) {
+  // An invalid session id never reaches etcd: the core refuses it here.
+  if (!ValidateSessionId(call->session_id).ok() ||
+      cluster_->ServesLocally(cc.tenant, call->session_id)) {
     local();
     return;
   }

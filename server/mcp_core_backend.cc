@@ -114,7 +114,8 @@ absl::StatusOr<pb::SandboxBroker::Stub*> McpCoreBackend::OwnerStub(const std::st
                                                                    const std::string& session_id,
                                                                    const std::string& provider,
                                                                    bool may_create) {
-  if (cluster_ == nullptr || session_id.empty() || cluster_->ServesLocally(tenant, session_id)) {
+  if (cluster_ == nullptr || !ValidateSessionId(session_id).ok() ||
+      cluster_->ServesLocally(tenant, session_id)) {
     return nullptr;
   }
   ASSIGN_OR_RETURN(ClusterRoute route,

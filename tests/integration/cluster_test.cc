@@ -331,6 +331,19 @@ TEST_P(ClusterTest, FiftyConcurrentFirstCallsOverThreeReplicasMakeOneSandbox) {
         << "the owner never logged the forwarded call's request id";
   }
 
+  // Bad input is refused where it arrives and writes nothing to etcd.
+  {
+    pb::ShellRequest r;
+    r.set_session_id("not a valid id!");
+    r.set_command("true");
+    pb::RunResult out;
+    grpc::Status s = stubs_[1]->Shell(Ctx().get(), r, &out);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    auto owners = etcd->LoadOwners("");
+    ASSERT_TRUE(owners.ok());
+    EXPECT_EQ(owners->size(), 1u);  // "shared" only
+  }
+
   // A client cannot present itself as a replica.
   {
     pb::GetSessionRequest r;
