@@ -307,12 +307,10 @@ absl::StatusOr<ClusterRoute> Cluster::Resolve(const std::string& tenant,
       if (it != routes_.end() && clock_->Monotonic() < it->second.until) return it->second.route;
     }
   }
-  absl::MutexLock takeover(&takeover_mu_);
   int64_t my_lease = 0;
   {
     absl::ReaderMutexLock l(&mu_);
     if (!FreshLocked()) return not_fresh();
-    if (claims_.contains(key)) return ClusterRoute{true, options_.member_id, ""};
     my_lease = member_->lease();
   }
   auto forward_to = [&](const std::string& owner) -> absl::StatusOr<ClusterRoute> {
@@ -326,15 +324,22 @@ absl::StatusOr<ClusterRoute> Cluster::Resolve(const std::string& tenant,
     routes_[key] = CachedRoute{route, clock_->Monotonic() + absl::Seconds(2)};
     return route;
   };
+  // Owned by another replica: forwarded, without waiting for takeovers.
   absl::StatusOr<std::optional<SessionOwner>> owner = etcd_->GetOwner(tenant, session_id);
   if (!owner.ok()) return Unreachable(owner.status());
+  auto mine = [&](const SessionOwner& o) {
+    return o.member_id == options_.member_id && o.lease == my_lease;
+  };
+  if (owner->has_value() && !mine(**owner)) return forward_to((*owner)->member_id);
+  absl::MutexLock takeover(&takeover_mu_);
+  {
+    absl::ReaderMutexLock l(&mu_);
+    if (!FreshLocked()) return not_fresh();
+    if (claims_.contains(key)) return ClusterRoute{true, options_.member_id, ""};
+  }
   if (owner->has_value()) {
-    const SessionOwner& o = **owner;
-    if (o.member_id == options_.member_id && o.lease == my_lease) {
-      RETURN_IF_ERROR(TakeOver(key, o.fence));
-      return ClusterRoute{true, options_.member_id, ""};
-    }
-    return forward_to(o.member_id);
+    RETURN_IF_ERROR(TakeOver(key, (*owner)->fence));
+    return ClusterRoute{true, options_.member_id, ""};
   }
   if (!may_create) {
     // Nobody owns it: a row left by a dead replica is taken over; with no
