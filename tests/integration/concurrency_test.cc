@@ -212,15 +212,14 @@ TEST_F(ConcurrencyTest, CreatesPastMaxConcurrentCreatesFailNamingIt) {
   auto fake = FakeE2B::Start(o);
   ASSERT_TRUE(fake.ok()) << fake.status();
   (*fake)->faults().create_latency_ms = 1500;
-  nlohmann::json extra = {
-      {"default_provider", "e2b"},
-      {"limits", {{"queue_timeout_ms", 100}}},
-      {"providers",
-       {{"e2b",
-         {{"api_key", "e2b_test_key"},
-          {"api_url", (*fake)->url()},
-          {"sandbox_url", (*fake)->url()},
-          {"max_concurrent_creates", 1}}}}}};
+  nlohmann::json extra = {{"default_provider", "e2b"},
+                          {"limits", {{"queue_timeout_ms", 100}}},
+                          {"providers",
+                           {{"e2b",
+                             {{"api_key", "e2b_test_key"},
+                              {"api_url", (*fake)->url()},
+                              {"sandbox_url", (*fake)->url()},
+                              {"max_concurrent_creates", 1}}}}}};
   StartBroker(extra.dump());
   Calls calls(stub_.get());
   const int first = calls.Run("c1", "print(1)");

@@ -12,8 +12,6 @@
 #include <unistd.h>
 
 #include <fstream>
-
-#include "absl/synchronization/notification.h"
 #include <sstream>
 #include <thread>
 
@@ -358,7 +356,8 @@ TEST(LocalProviderConfig, RetiredKeysNameTheirReplacement) {
   EXPECT_EQ(ok->limits.cpus, 0.5);
   EXPECT_EQ(ok->limits.pids, 64);
   EXPECT_EQ(ok->max_limits.cpus, 2);
-  auto over = ParseLocalConfig(nlohmann::json::parse(R"({"limits": {"cpus": 3}, "max_limits": {"cpus": 2}})"));
+  auto over = ParseLocalConfig(
+      nlohmann::json::parse(R"({"limits": {"cpus": 3}, "max_limits": {"cpus": 2}})"));
   EXPECT_EQ(over.status().code(), absl::StatusCode::kInvalidArgument);
   auto bad = ParseLocalConfig(nlohmann::json::parse(R"({"enforcement": "lax"})"));
   EXPECT_EQ(bad.status().message(),
