@@ -792,6 +792,55 @@ absl::Status SessionManager::AdoptLocked(const std::shared_ptr<Session>& s) {
   return att.status();
 }
 
+namespace {
+
+// A stored row's spec_json, read defensively: rows come from disk or from
+// other replicas through etcd, and a malformed one must not throw.
+struct StoredSpec {
+  std::string template_name;
+  Language language = Language::kPython;
+  std::map<std::string, std::string> env, labels;
+  SandboxResources resources;
+  int64_t idle_ms = 0;
+  int64_t life_ms = -1;
+};
+
+StoredSpec ParseStoredSpec(const std::string& text) {
+  StoredSpec out;
+  nlohmann::json spec = nlohmann::json::parse(text, nullptr, false);
+  if (!spec.is_object()) return out;
+  auto str = [&](const char* k, const std::string& def) {
+    auto it = spec.find(k);
+    return it != spec.end() && it->is_string() ? it->get<std::string>() : def;
+  };
+  auto num = [](const nlohmann::json& o, const char* k, auto def) {
+    auto it = o.find(k);
+    return it != o.end() && it->is_number() ? it->get<decltype(def)>() : def;
+  };
+  auto strings = [&](const char* k, std::map<std::string, std::string>* into) {
+    auto it = spec.find(k);
+    if (it == spec.end() || !it->is_object()) return;
+    for (const auto& [key, val] : it->items()) {
+      if (val.is_string()) (*into)[key] = val.get<std::string>();
+    }
+  };
+  out.template_name = str("template", "");
+  out.language = LanguageFromName(str("language", "python"));
+  strings("env", &out.env);
+  strings("labels", &out.labels);
+  out.idle_ms = num(spec, "idle_timeout_ms", int64_t{0});
+  out.life_ms = num(spec, "max_lifetime_ms", int64_t{-1});
+  if (auto res = spec.find("resources"); res != spec.end() && res->is_object()) {
+    out.resources.memory_bytes = num(*res, "memory_bytes", int64_t{0});
+    out.resources.cpus = num(*res, "cpus", 0.0);
+    out.resources.pids = num(*res, "pids", int64_t{0});
+    out.resources.disk_bytes = num(*res, "disk_bytes", int64_t{0});
+  }
+  return out;
+}
+
+}  // namespace
+
 std::shared_ptr<SessionManager::Session> SessionManager::FromRecordLocked(const SessionRecord& r,
                                                                           absl::Time now_wall,
                                                                           absl::Time now_mono) {
@@ -804,28 +853,14 @@ std::shared_ptr<SessionManager::Session> SessionManager::FromRecordLocked(const 
   s->attempt_id = r.attempt_id;
   s->sandbox_id = r.sandbox_id;
   s->generation = r.generation;
-  nlohmann::json spec = nlohmann::json::parse(r.spec_json, nullptr, false);
-  if (spec.is_object()) {
-    s->template_name = spec.value("template", "");
-    s->language = LanguageFromName(spec.value("language", "python"));
-    if (spec.contains("env") && spec["env"].is_object()) {
-      s->env = spec["env"].get<std::map<std::string, std::string>>();
-    }
-    if (spec.contains("labels") && spec["labels"].is_object()) {
-      s->labels = spec["labels"].get<std::map<std::string, std::string>>();
-    }
-    const int64_t idle_ms = spec.value("idle_timeout_ms", int64_t{0});
-    const int64_t life_ms = spec.value("max_lifetime_ms", int64_t{-1});
-    if (idle_ms > 0) s->idle_timeout = absl::Milliseconds(idle_ms);
-    if (life_ms >= 0) s->max_lifetime = absl::Milliseconds(life_ms);
-    if (spec.contains("resources") && spec["resources"].is_object()) {
-      const nlohmann::json& res = spec["resources"];
-      s->resources.memory_bytes = res.value("memory_bytes", int64_t{0});
-      s->resources.cpus = res.value("cpus", 0.0);
-      s->resources.pids = res.value("pids", int64_t{0});
-      s->resources.disk_bytes = res.value("disk_bytes", int64_t{0});
-    }
-  }
+  const StoredSpec spec = ParseStoredSpec(r.spec_json);
+  s->template_name = spec.template_name;
+  s->language = spec.language;
+  s->env = spec.env;
+  s->labels = spec.labels;
+  s->resources = spec.resources;
+  if (spec.idle_ms > 0) s->idle_timeout = absl::Milliseconds(spec.idle_ms);
+  if (spec.life_ms >= 0) s->max_lifetime = absl::Milliseconds(spec.life_ms);
   // Deadlines continue by wall clock: time spent down counts.
   s->created_wall = r.created_at;
   s->created_mono = now_mono - (now_wall - r.created_at);
@@ -934,16 +969,10 @@ SessionView SessionManager::ViewOfRecord(const SessionRecord& r) {
   v.created_at = r.created_at;
   v.last_active_at = r.last_active_at;
   v.generation = r.generation;
-  nlohmann::json spec = nlohmann::json::parse(r.spec_json, nullptr, false);
-  if (spec.is_object()) {
-    v.template_name = spec.value("template", "");
-    v.language = LanguageFromName(spec.value("language", "python"));
-    if (spec.contains("labels") && spec["labels"].is_object()) {
-      for (const auto& [k, val] : spec["labels"].items()) {
-        if (val.is_string()) v.labels[k] = val.get<std::string>();
-      }
-    }
-  }
+  const StoredSpec spec = ParseStoredSpec(r.spec_json);
+  v.template_name = spec.template_name;
+  v.language = spec.language;
+  v.labels = spec.labels;
   return v;
 }
 
