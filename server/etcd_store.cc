@@ -4,12 +4,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
+#include <random>
 #include <utility>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/base64.h"
 #include "common/log.h"
 #include "common/text.h"
@@ -23,7 +26,7 @@ using json = nlohmann::json;
 constexpr char kSchemaVersion[] = "1";
 constexpr size_t kChunk = 64;  // keys per transaction (etcd: --max-txn-ops 128)
 constexpr size_t kChunkBytes = size_t{512} << 10;
-constexpr int kUpdateAttempts = 10;
+constexpr int kUpdateAttempts = 32;
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -455,6 +458,13 @@ absl::Status EtcdStore::UpdateKeys(
       absl::StatusOr<EtcdTxnResult> w = client_->Txn(compares, puts);
       if (!w.ok()) return w.status();
       done = w->succeeded;
+      if (!done) {
+        // Another writer (a peer replica's usage flush) won the race: back
+        // off a random few milliseconds, so two writers in step part ways.
+        thread_local std::minstd_rand rng(std::random_device{}());
+        const int cap_ms = std::min(2 << std::min(attempt, 4), 32);
+        absl::SleepFor(absl::Milliseconds(1 + static_cast<int>(rng() % cap_ms)));
+      }
     }
     if (too_big) {
       window = std::max<size_t>(1, (end - i) / 2);
