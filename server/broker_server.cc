@@ -18,6 +18,27 @@
 #include "grpcpp/server_builder.h"
 
 namespace sandbox {
+
+// Session lifecycle events go to usage metering and to the run ledger. A
+// session closed, reaped or ended by its lifetime takes its run_id results
+// with it (the store's rows go with the session's row), so a later session
+// under the same id never gets an earlier sandbox's result for a run it
+// never ran. A vanished sandbox (kGone) keeps them: the session goes on.
+class BrokerServer::ServerObserver : public SessionObserver {
+ public:
+  ServerObserver(SessionAccounting* accounting, RunLedger* runs)
+      : accounting_(accounting), runs_(runs) {}
+  void SessionCreated(const SessionView& v) override { accounting_->SessionCreated(v); }
+  void SessionAdopted(const SessionView& v) override { accounting_->SessionAdopted(v); }
+  void SessionClosed(const SessionView& v, CloseReason reason, absl::Duration age) override {
+    accounting_->SessionClosed(v, reason, age);
+    if (reason != CloseReason::kGone) runs_->ForgetSession(v.tenant, v.session_id);
+  }
+
+ private:
+  SessionAccounting* accounting_;
+  RunLedger* runs_;
+};
 namespace {
 
 // state.etcd -> the store's options (the password read from its file).
@@ -167,7 +188,8 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
        {"path", state_path},
        {"deployment_id", s->store_->deployment_id()},
        {"sessions", recovered}});
-  s->sessions_->set_observer(s->accounting_.get());
+  s->observer_ = std::make_unique<ServerObserver>(s->accounting_.get(), s->runs_.get());
+  s->sessions_->set_observer(s->observer_.get());
   // Warm pools: members are tagged with this deployment and instance.
   for (WarmPool* pool : s->pools()) {
     pool->Start(s->store_->deployment_id(), instance_id, s->metrics_.get(), options.pool_threads);

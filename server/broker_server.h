@@ -129,6 +129,9 @@ class BrokerServer {
   std::atomic<bool> usage_flush_ok_{true};
   std::unique_ptr<UsageMeter> usage_;
   std::unique_ptr<SessionAccounting> accounting_;
+  // Lifecycle events to usage metering and the run ledger.
+  class ServerObserver;
+  std::unique_ptr<ServerObserver> observer_;
   std::unique_ptr<PolicyEngine> policy_;
   // Declared before the session table: they outlive it.
   std::unique_ptr<SessionStore> owned_store_;

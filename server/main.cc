@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/child_reaper.h"
+#include "common/failpoint.h"
 #include "common/log.h"
 #include "server/broker_server.h"
 #include "server/config.h"
@@ -76,6 +77,15 @@ int main(int argc, char** argv) {
               : config->log_level == "warning" ? LogLevel::kWarning
               : config->log_level == "error"   ? LogLevel::kError
                                                : LogLevel::kInfo);
+  // Crash tests' failpoints (common/failpoint.h): never armed in production
+  // unless the variable is set, and then said loudly.
+  absl::StatusOr<std::string> failpoints = FailpointsFromEnvironment();
+  if (!failpoints.ok()) return Fail(std::string(failpoints.status().message()));
+  if (!failpoints->empty()) {
+    Log(LogLevel::kWarning, "broker.failpoints_armed",
+        {{"points", *failpoints},
+         {"note", "for crash tests only: the daemon will stop or stall there"}});
+  }
 
   // Signals are taken synchronously by this thread; block them before any
   // other thread starts so they all inherit the mask.

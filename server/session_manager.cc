@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/failpoint.h"
 #include "common/log.h"
 #include "common/text.h"
 #include "nlohmann/json.hpp"
@@ -413,6 +414,7 @@ absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Sessi
   // Write-ahead: the intent is durable before the provider creates anything.
   absl::Status status =
       store_ ? store_->PutSession(RecordOf(*s, StoredState::kCreating)) : absl::OkStatus();
+  if (status.ok()) Failpoint("create.after_intent");
   // max_concurrent_creates: wait (bounded) for a create slot.
   LimitSlot create_slot;
   if (status.ok()) {
@@ -441,6 +443,7 @@ absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Sessi
       }
     }
   }
+  if (status.ok()) Failpoint("create.before_ready");
   if (status.ok() && store_) {
     SessionRecord ready = RecordOf(*s, StoredState::kReady);
     ready.sandbox_id = sandbox->id();
@@ -523,6 +526,7 @@ void SessionManager::FinishClose(const std::shared_ptr<Session>& s,
     if (store_->shared() && w.code() == absl::StatusCode::kFailedPrecondition) owned = false;
     StoreWrite("closing", w);
   }
+  if (owned && reason != CloseReason::kGone) Failpoint("close.before_destroy");
   // What the sandbox used, read just before it is destroyed (usage metering
   // counts its CPU seconds at close).
   std::optional<SandboxUsage> final_usage;

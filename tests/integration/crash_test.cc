@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -88,7 +89,42 @@ class CrashTest : public ::testing::TestWithParam<std::string> {
     }
     broker_.reset();  // ends any call still running in the background
     JoinBackground();
+    StopWatch();
     fake_.reset();
+  }
+
+  // "At most one live sandbox per session at every moment after recovery":
+  // from WatchLive() on, a thread samples the provider's live sandboxes (the
+  // fake's /_fake/stats, or the local workspaces on disk) as fast as they
+  // answer; StopWatch() returns the most seen at once.
+  void WatchLive() {
+    StopWatch();
+    watching_ = true;
+    watch_max_ = Live();
+    watcher_ = std::thread([this] {
+      HttpClient http("crash-test-watch");
+      while (watching_) {
+        const int64_t n = Live(&http);
+        int64_t seen = watch_max_.load();
+        while (n > seen && !watch_max_.compare_exchange_weak(seen, n)) {
+        }
+        absl::SleepFor(absl::Milliseconds(2));
+      }
+    });
+  }
+  int64_t StopWatch() {
+    watching_ = false;
+    if (watcher_.joinable()) watcher_.join();
+    return watch_max_.load();
+  }
+  // Waits until the broker logged that it reached failpoint `name`.
+  ::testing::AssertionResult AtFailpoint(const std::string& name) {
+    if (WaitFor(
+            [&] { return BrokerLog().find("failpoint.hit name=" + name) != std::string::npos; })) {
+      return ::testing::AssertionSuccess();
+    }
+    return ::testing::AssertionFailure() << "never reached failpoint " << name << "\n"
+                                         << BrokerLog();
   }
 
   // Runs `call` (an RPC the broker is killed under) on a thread that
@@ -143,8 +179,9 @@ class CrashTest : public ::testing::TestWithParam<std::string> {
     return c;
   }
 
-  // Starts sandbox-brokerd and waits until it serves.
-  void StartBroker(const std::string& extra = "{}") {
+  // Starts sandbox-brokerd and waits until it serves. `failpoints`: its
+  // SANDBOX_BROKER_FAILPOINTS (common/failpoint.h).
+  void StartBroker(const std::string& extra = "{}", const std::string& failpoints = "") {
     if (broker_ != nullptr && broker_->Exited()) {
       ADD_FAILURE() << "sandbox-brokerd ended by itself before it was killed ("
                     << broker_->ExitStatus() << "); its stderr:\n"
@@ -153,8 +190,10 @@ class CrashTest : public ::testing::TestWithParam<std::string> {
     const std::string cfg = absl::StrCat(dir_.path(), "/broker-", ++starts_, ".json");
     std::ofstream(cfg) << Config(extra).dump();
     const std::string err = absl::StrCat(dir_.path(), "/broker-", starts_, ".err");
+    std::vector<std::string> env;
+    if (!failpoints.empty()) env.push_back("SANDBOX_BROKER_FAILPOINTS=" + failpoints);
     broker_ = std::make_unique<Proc>(std::vector<std::string>{BROKERD_PATH, "--config", cfg},
-                                     dir_.path() + "/broker.out", err);
+                                     dir_.path() + "/broker.out", err, env);
     const std::string addr = WaitForServingAddress(err, absl::Seconds(20));
     ASSERT_FALSE(addr.empty()) << ReadAll(err);
     stub_ =
@@ -226,7 +265,8 @@ class CrashTest : public ::testing::TestWithParam<std::string> {
   }
 
   // ---- the provider's side ----
-  json Http(const std::string& method, const std::string& path, const std::string& body = "") {
+  json Http(const std::string& method, const std::string& path, const std::string& body = "",
+            HttpClient* http = nullptr) {
     HttpRequest req;
     req.method = method;
     req.url = fake_url_ + path;
@@ -238,14 +278,15 @@ class CrashTest : public ::testing::TestWithParam<std::string> {
       req.headers.push_back({"Authorization", "Bearer crash_test_key"});
     }
     req.timeout = absl::Seconds(30);
-    auto resp = http_.Send(req);
+    auto resp = (http != nullptr ? *http : http_).Send(req);
     if (!resp.ok()) return json();
     return json::parse(resp->body, nullptr, false);
   }
   json Stats() { return Http("GET", "/_fake/stats"); }
-  int64_t Live() {
+  int64_t Live(HttpClient* http = nullptr) {
     if (provider_ == "local") return static_cast<int64_t>(Workspaces().size());
-    return Stats().value("live", int64_t{-1});
+    json stats = Http("GET", "/_fake/stats", "", http);
+    return stats.is_object() ? stats.value("live", int64_t{-1}) : -1;
   }
   void Faults(const json& j) { Http("POST", "/_fake/faults", j.dump()); }
   // A sandbox made behind the broker's back, tagged as `tags` say.
@@ -286,6 +327,9 @@ class CrashTest : public ::testing::TestWithParam<std::string> {
   HttpClient http_{"crash-test"};
   int starts_ = 0;
   std::vector<std::thread> background_;
+  std::thread watcher_;
+  std::atomic<bool> watching_{false};
+  std::atomic<int64_t> watch_max_{0};
 };
 
 // kill -9 with sessions at rest: every session comes back with its sandbox
@@ -300,6 +344,7 @@ TEST_P(CrashTest, SessionsAndFilesComeBackAfterKill9) {
   EXPECT_EQ(Live(), 3);
   broker_->Kill9();
   StartBroker();
+  WatchLive();
   EXPECT_EQ(ListCount(), 3);
   for (const char* s : {"a", "b", "c"}) {
     EXPECT_EQ(Read(s, "note.txt"), absl::StrCat("from ", s));
@@ -310,6 +355,7 @@ TEST_P(CrashTest, SessionsAndFilesComeBackAfterKill9) {
     EXPECT_EQ(Live(), 3);  // at most one per session, at every step
   }
   if (provider_ != "local") EXPECT_EQ(Stats()["creates"], 3);
+  EXPECT_EQ(StopWatch(), 3);
   for (const char* s : {"a", "b", "c"}) ASSERT_TRUE(Close(s).ok());
   EXPECT_TRUE(WaitFor([&] { return Live() == 0; })) << Live();
 }
@@ -348,6 +394,7 @@ TEST_P(CrashTest, KilledMidRunRetryIsAbortedFilesSurvive) {
   broker_->Kill9();
   JoinBackground();
   StartBroker();
+  WatchLive();
   pb::RunResult out;
   grpc::Status retry = Shell("r", cmd, "run-1", &out);
   EXPECT_EQ(retry.error_code(), grpc::StatusCode::ABORTED) << retry.error_message();
@@ -366,76 +413,129 @@ TEST_P(CrashTest, KilledMidRunRetryIsAbortedFilesSurvive) {
   EXPECT_EQ(Read("r", "runs.txt"), "x\nonce\n");
   EXPECT_EQ(Shell("r", "other", "run-2", &again).error_code(), grpc::StatusCode::ALREADY_EXISTS);
   EXPECT_EQ(Live(), 1);
+  EXPECT_EQ(StopWatch(), 1);
 }
 
 // Killed after the intent write, before the provider created anything: the
-// row is forgotten; the next call creates the session's one sandbox.
+// row is forgotten; the next call creates the session's one sandbox. With a
+// fake, its create request is held and then dropped; locally a failpoint
+// holds the create right after the intent write.
 TEST_P(CrashTest, KilledAfterIntentWrite) {
-  if (provider_ == "local") GTEST_SKIP() << "no window to widen without a fake";
-  StartBroker();
-  const int64_t before = Stats()["requests"];
-  Faults({{"latency_ms", 1500}, {"drop_next", 1}});  // the create sleeps, then is dropped
+  const bool local = provider_ == "local";
+  int64_t before = 0;
+  if (local) {
+    StartBroker("{}", "create.after_intent=sleep(60000)");
+  } else {
+    StartBroker();
+    before = Stats()["requests"];
+    Faults({{"latency_ms", 1500}, {"drop_next", 1}});  // the create sleeps, then is dropped
+  }
   InBackground([this] { EXPECT_FALSE(Write("i", "f.txt", "x").ok()); });
-  ASSERT_TRUE(WaitFor([&] { return Stats()["requests"] > before; }));
+  if (local) {
+    ASSERT_TRUE(AtFailpoint("create.after_intent"));
+  } else {
+    ASSERT_TRUE(WaitFor([&] { return Stats()["requests"] > before; }));
+  }
   broker_->Kill9();  // intent written (it precedes the create request), nothing created
   JoinBackground();
-  Faults({{"latency_ms", 0}});
-  // The fake finishes the injected delay and cuts the response.
-  EXPECT_TRUE(WaitFor([&] { return Stats()["dropped"] == 1; })) << Stats().dump();
-  Faults({{"drop_next", 0}});
-  EXPECT_EQ(Stats()["creates"], 0);
+  if (!local) {
+    Faults({{"latency_ms", 0}});
+    // The fake finishes the injected delay and cuts the response.
+    EXPECT_TRUE(WaitFor([&] { return Stats()["dropped"] == 1; })) << Stats().dump();
+    Faults({{"drop_next", 0}});
+    EXPECT_EQ(Stats()["creates"], 0);
+  }
+  EXPECT_EQ(Live(), 0);
   StartBroker();
+  WatchLive();
   ASSERT_TRUE(WriteOk("i", "f.txt", "x"));
   EXPECT_EQ(Read("i", "f.txt"), "x");
   EXPECT_EQ(Info("i")->generation(), 1);
-  EXPECT_EQ(Stats()["creates"], 1);
+  if (!local) {
+    EXPECT_EQ(Stats()["creates"], 1);
+  }
   EXPECT_EQ(Live(), 1);
+  EXPECT_EQ(StopWatch(), 1);
 }
 
-// Killed between the provider's create and the ready write (widened with
-// create_latency_ms): the sandbox is found by its attempt tag and adopted.
+// Killed between the provider's create and the ready write (widened with the
+// fake's create_latency_ms, or locally a failpoint after the create): the
+// sandbox is found by its attempt tag and adopted.
 TEST_P(CrashTest, KilledBetweenCreateAndReadyWrite) {
-  if (provider_ == "local") GTEST_SKIP() << "no window to widen without a fake";
-  StartBroker();
-  Faults({{"create_latency_ms", 1500}});
+  const bool local = provider_ == "local";
+  if (local) {
+    StartBroker("{}", "create.before_ready=sleep(60000)");
+  } else {
+    StartBroker();
+    Faults({{"create_latency_ms", 1500}});
+  }
   InBackground([this] { EXPECT_FALSE(Write("w", "f.txt", "x").ok()); });
-  ASSERT_TRUE(WaitFor([&] { return Stats()["creates"] == 1; }));
+  if (local) {
+    ASSERT_TRUE(AtFailpoint("create.before_ready"));
+  } else {
+    ASSERT_TRUE(WaitFor([&] { return Stats()["creates"] == 1; }));
+  }
+  const std::vector<std::string> created = local ? Workspaces() : std::vector<std::string>{};
+  if (local) {
+    ASSERT_EQ(created.size(), 1u);
+  }
   broker_->Kill9();  // the sandbox exists; the broker never heard back
   JoinBackground();
-  Faults({{"create_latency_ms", 0}});
+  if (!local) Faults({{"create_latency_ms", 0}});
   StartBroker();
+  WatchLive();
   ASSERT_TRUE(WriteOk("w", "f.txt", "x"));
-  EXPECT_EQ(Stats()["creates"], 1);  // adopted, not created again
+  if (local) {
+    EXPECT_EQ(Info("w")->sandbox_id(), created[0]);  // adopted, not created again
+    EXPECT_EQ(Workspaces(), created);
+  } else {
+    EXPECT_EQ(Stats()["creates"], 1);  // adopted, not created again
+  }
   EXPECT_EQ(Live(), 1);
   // And stays that way past the orphan grace.
   absl::SleepFor(absl::Seconds(3));
   EXPECT_EQ(Live(), 1);
   EXPECT_EQ(Read("w", "f.txt"), "x");
+  EXPECT_EQ(StopWatch(), 1);
 }
 
 // Killed mid-close (the delete never reached the provider): the next start
-// finishes the destroy.
+// finishes the destroy. With a fake, its delete request is held and then
+// dropped; locally a failpoint holds the close after the closing write.
 TEST_P(CrashTest, KilledMidClose) {
-  if (provider_ == "local") GTEST_SKIP() << "no window to widen without a fake";
-  StartBroker();
+  const bool local = provider_ == "local";
+  StartBroker("{}", local ? "close.before_destroy=sleep(60000)" : "");
   ASSERT_TRUE(WriteOk("c", "f.txt", "x"));
-  const int64_t before = Stats()["requests"];
-  Faults({{"latency_ms", 1500}, {"drop_next", 1}});  // the delete sleeps, then is dropped
+  int64_t before = 0;
+  if (!local) {
+    before = Stats()["requests"];
+    Faults({{"latency_ms", 1500}, {"drop_next", 1}});  // the delete sleeps, then is dropped
+  }
   InBackground([this] { EXPECT_FALSE(Close("c").ok()); });
-  ASSERT_TRUE(WaitFor([&] { return Stats()["requests"] > before; }));
+  if (local) {
+    ASSERT_TRUE(AtFailpoint("close.before_destroy"));
+  } else {
+    ASSERT_TRUE(WaitFor([&] { return Stats()["requests"] > before; }));
+  }
   broker_->Kill9();
   JoinBackground();
-  Faults({{"latency_ms", 0}});
-  // The fake finishes the injected delay and cuts the response.
-  EXPECT_TRUE(WaitFor([&] { return Stats()["dropped"] == 1; })) << Stats().dump();
-  Faults({{"drop_next", 0}});
+  if (!local) {
+    Faults({{"latency_ms", 0}});
+    // The fake finishes the injected delay and cuts the response.
+    EXPECT_TRUE(WaitFor([&] { return Stats()["dropped"] == 1; })) << Stats().dump();
+    Faults({{"drop_next", 0}});
+  }
   EXPECT_EQ(Live(), 1);  // the provider never got the delete
   StartBroker();
+  WatchLive();
   // The session shows CLOSING until the destroy is done, then is gone.
   EXPECT_TRUE(WaitFor([&] {
     return Live() == 0 && Info("c").status().code() == absl::StatusCode::kNotFound;
   })) << BrokerLog();
-  EXPECT_EQ(Stats()["deletes"], 1);
+  if (!local) {
+    EXPECT_EQ(Stats()["deletes"], 1);
+  }
+  EXPECT_LE(StopWatch(), 1);
 }
 
 // Orphans (tagged with this deployment, owned by no session) are destroyed

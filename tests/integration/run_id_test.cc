@@ -43,6 +43,22 @@ TEST_F(RunIdTest, ARunIdRunsOnceAndRetriesGetItsResult) {
   EXPECT_EQ(c.output(), "1\n");  // a new sandbox, run anew
 }
 
+// An idle reap forgets the session's run ids too: the next session under the
+// same id is a new sandbox, and a run_id it reuses runs there.
+TEST_F(RunIdTest, AReapedSessionsRunIdsAreForgotten) {
+  pb::RunResult a, b;
+  constexpr char kFresh[] = "import uuid; print(uuid.uuid4())";
+  ASSERT_TRUE(Run(kFresh, "r-reap", &a).ok());
+  ASSERT_EQ(a.output().size(), 37u) << a.output();
+  EXPECT_EQ(server_->runs()->CountForTest("alpha", "rid"), 1);
+  clock_.Advance(absl::Seconds(3));  // past idle_timeout_seconds (2)
+  ASSERT_EQ(server_->sessions()->RunOnce(), 1);
+  EXPECT_EQ(server_->runs()->CountForTest("alpha", "rid"), 0);
+  ASSERT_TRUE(Run(kFresh, "r-reap", &b).ok());
+  EXPECT_NE(b.output(), a.output());  // ran anew, not the reaped session's result
+  EXPECT_EQ(server_->runs()->CountForTest("alpha", "rid"), 1);
+}
+
 TEST_F(RunIdTest, RunStreamRetryReplaysTheKeptOutput) {
   auto stream = [&](std::string* out) {
     pb::RunRequest r;

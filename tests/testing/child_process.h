@@ -30,10 +30,13 @@ inline std::string ReadAll(const std::string& path) {
 // A child process with stdout and stderr in files.
 class Proc {
  public:
-  Proc(const std::vector<std::string>& argv, const std::string& out, const std::string& err)
+  // `env`: "NAME=VALUE" entries added to the child's environment.
+  Proc(const std::vector<std::string>& argv, const std::string& out, const std::string& err,
+       const std::vector<std::string>& env = {})
       : out_(out), err_(err) {
     pid_ = fork();
     if (pid_ == 0) {
+      for (const auto& kv : env) putenv(const_cast<char*>(kv.c_str()));
       int o = open(out.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       int e = open(err.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       dup2(o, 1);
