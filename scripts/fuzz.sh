@@ -25,9 +25,11 @@ if [ "$target" = all ]; then run=("${targets[@]}"); else run=("$target"); fi
 cmake --build build-fuzz -j"${JOBS:-2}" --target "${run[@]/#/fuzz_}" >/dev/null
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-status=0
-for t in "${run[@]}"; do
-  work="build-fuzz/work/$t"
+# One fuzz run: its exit status (0: no finding in SECONDS).
+fuzz_one() {
+  local t="$1"
+  shift
+  local work="build-fuzz/work/$t"
   mkdir -p "$work" build-fuzz/artifacts fuzz/regressions/"$t"
   echo "fuzz.sh: $t for ${seconds}s" >&2
   # -rss_limit_mb: the daemon's parsers must not need more than this for a
@@ -35,11 +37,25 @@ for t in "${run[@]}"; do
   if ! "build-fuzz/fuzz/fuzz_$t" -max_total_time="$seconds" -max_len=65536 -timeout=10 \
       -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="build-fuzz/artifacts/$t-" \
       "$@" "$work" "fuzz/corpus/$t" "fuzz/regressions/$t" 2> "build-fuzz/$t.log"; then
-    status=1
     echo "fuzz.sh: $t FAILED; log: build-fuzz/$t.log, input: build-fuzz/artifacts/$t-*" >&2
     grep -E "ERROR|invariant failed|SUMMARY|runtime error" "build-fuzz/$t.log" | head -5 >&2 || true
-  else
-    grep -E "stat::number_of_executed_units|cov:" "build-fuzz/$t.log" | tail -2 >&2 || true
+    return 1
+  fi
+  echo "fuzz.sh: $t: $(grep -E "stat::number_of_executed_units" "build-fuzz/$t.log" | tail -1)" >&2
+}
+# FUZZ_JOBS targets at a time (default: one per core, at most 2): each
+# libFuzzer process is single-threaded, so two share a 2-core machine
+# without slowing each other.
+jobs="${FUZZ_JOBS:-$(( $(nproc) < 2 ? 1 : 2 ))}"
+status=0
+pids=()
+for t in "${run[@]}"; do
+  fuzz_one "$t" "$@" &
+  pids+=($!)
+  if [ "${#pids[@]}" -ge "$jobs" ]; then
+    wait "${pids[0]}" || status=1
+    pids=("${pids[@]:1}")
   fi
 done
+for p in "${pids[@]}"; do wait "$p" || status=1; done
 exit $status
