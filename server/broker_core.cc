@@ -361,6 +361,7 @@ void BrokerCore::PublishLimits() {
       Limiter::Stats st = lim->stats();
       in_use += st.in_use;
       queued += st.queued;
+      metrics_->TenantRunLimit(tenant, st.in_use, st.queued);
     }
   }
   metrics_->LimitState("max_concurrent_runs_per_tenant", in_use, queued);
@@ -426,7 +427,10 @@ absl::StatusOr<pb::RunResult> BrokerCore::Exec(
   plan->on_output = std::move(on_output);
   if (Limiter* lim = TenantRunLimiter(ctx.tenant)) {
     if (absl::Status s = lim->AcquireBlocking(); !s.ok()) {
-      if (metrics_) metrics_->LimitRefused(lim->name());
+      if (metrics_) {
+        metrics_->LimitRefused(lim->name());
+        metrics_->TenantRunRefused(ctx.tenant);
+      }
       return Refused(ctx, s, lim->name());
     }
     plan->tenant_slot = LimitSlot(lim);
@@ -440,7 +444,10 @@ void BrokerCore::ExecAsync(std::unique_ptr<ExecPlan> plan, RunDone done) {
   auto shared = std::shared_ptr<ExecPlan>(std::move(plan));
   auto after_slot = [this, shared, done](absl::Status slot) mutable {
     if (!slot.ok()) {
-      if (metrics_) metrics_->LimitRefused("max_concurrent_runs_per_tenant");
+      if (metrics_) {
+        metrics_->LimitRefused("max_concurrent_runs_per_tenant");
+        metrics_->TenantRunRefused(shared->ctx.tenant);
+      }
       done(Refused(shared->ctx, slot, "max_concurrent_runs_per_tenant"));
       return;
     }

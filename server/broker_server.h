@@ -107,6 +107,9 @@ class BrokerServer {
   // Blocks until Shutdown.
   void Wait();
 
+  // The concurrency limits' state to the metrics (the reaper tick; tests).
+  void PublishLimits();
+
  private:
   BrokerServer() = default;
   void SetHealth(bool serving);
@@ -114,9 +117,6 @@ class BrokerServer {
   void PublishHealth();
   // Writes the buffered usage to the store (the reaper tick, and shutdown).
   void FlushUsage();
-  // The concurrency limits' state to the metrics (the reaper tick).
-  void PublishLimits();
-
   BrokerConfig config_;
   Clock* clock_ = nullptr;
   std::unique_ptr<ProviderRegistry> providers_;

@@ -93,6 +93,20 @@ Metrics::Metrics()
                         .Name("sandbox_broker_limit_queued")
                         .Help("Calls waiting for a slot of a concurrency limit")
                         .Register(*registry_)),
+      tenant_runs_in_use_(prometheus::BuildGauge()
+                              .Name("sandbox_broker_tenant_runs_in_use")
+                              .Help("A tenant's runs holding a max_concurrent_runs_per_tenant slot")
+                              .Register(*registry_)),
+      tenant_runs_queued_(prometheus::BuildGauge()
+                              .Name("sandbox_broker_tenant_runs_queued")
+                              .Help("A tenant's calls waiting for a max_concurrent_runs_per_tenant "
+                                    "slot")
+                              .Register(*registry_)),
+      tenant_run_refusals_(prometheus::BuildCounter()
+                               .Name("sandbox_broker_tenant_run_refusals_total")
+                               .Help("A tenant's calls refused RESOURCE_EXHAUSTED by "
+                                     "max_concurrent_runs_per_tenant")
+                               .Register(*registry_)),
       degraded_(prometheus::BuildGauge()
                     .Name("sandbox_broker_provider_degraded")
                     .Help("1 while a provider runs in a weaker mode the operator chose "
@@ -193,6 +207,15 @@ void Metrics::LimitRefused(const std::string& limit) {
 void Metrics::LimitState(const std::string& limit, int64_t in_use, int64_t queued) {
   limit_in_use_.Add({{"limit", limit}}).Set(static_cast<double>(in_use));
   limit_queued_.Add({{"limit", limit}}).Set(static_cast<double>(queued));
+}
+
+void Metrics::TenantRunLimit(const std::string& tenant, int64_t in_use, int64_t queued) {
+  tenant_runs_in_use_.Add({{"tenant", tenant}}).Set(static_cast<double>(in_use));
+  tenant_runs_queued_.Add({{"tenant", tenant}}).Set(static_cast<double>(queued));
+}
+
+void Metrics::TenantRunRefused(const std::string& tenant) {
+  tenant_run_refusals_.Add({{"tenant", tenant}}).Increment();
 }
 
 void Metrics::PoolSize(const std::string& provider, int64_t ready) {

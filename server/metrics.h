@@ -47,6 +47,10 @@ class Metrics {
   // key), and a limit's current slots in use and calls queued.
   void LimitRefused(const std::string& limit);
   void LimitState(const std::string& limit, int64_t in_use, int64_t queued);
+  // max_concurrent_runs_per_tenant, per tenant: runs holding a slot and
+  // calls waiting for one (LimitState has the sums), and refusals.
+  void TenantRunLimit(const std::string& tenant, int64_t in_use, int64_t queued);
+  void TenantRunRefused(const std::string& tenant);
   // Warm pools (server/warm_pool.h): ready members now; a session that took
   // one; a session that created instead (`reason`: "empty" or "mismatch").
   void PoolSize(const std::string& provider, int64_t ready);
@@ -79,6 +83,9 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& limit_refusals_;
   prometheus::Family<prometheus::Gauge>& limit_in_use_;
   prometheus::Family<prometheus::Gauge>& limit_queued_;
+  prometheus::Family<prometheus::Gauge>& tenant_runs_in_use_;
+  prometheus::Family<prometheus::Gauge>& tenant_runs_queued_;
+  prometheus::Family<prometheus::Counter>& tenant_run_refusals_;
   prometheus::Family<prometheus::Gauge>& degraded_;
   prometheus::Family<prometheus::Gauge>& pool_size_;
   prometheus::Family<prometheus::Counter>& pool_hits_;

@@ -11,6 +11,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/event_loop.h"
 #include "common/limiter.h"
+#include "prometheus/text_serializer.h"
 #include "tests/fakes/fake_e2b.h"
 #include "tests/testing/broker_fixture.h"
 
@@ -160,6 +161,17 @@ TEST_F(ConcurrencyTest, OneTenantAtItsRunLimitDoesNotDelayAnother) {
   const int alpha1 = calls.Run("a", "1");
   ASSERT_TRUE(WaitFor([&] { return server_->service()->calls_in_flight() == 1; }));
   const int alpha2 = calls.Run("a", "2");  // waits for alpha1's slot
+  // The per-tenant gauges say who holds the slot and who waits.
+  auto metrics = [&] {
+    server_->PublishLimits();
+    return prometheus::TextSerializer().Serialize(server_->metrics()->registry()->Collect());
+  };
+  ASSERT_TRUE(WaitFor([&] {
+    return metrics().find("sandbox_broker_tenant_runs_queued{tenant=\"alpha\"} 1") !=
+           std::string::npos;
+  })) << metrics();
+  EXPECT_NE(metrics().find("sandbox_broker_tenant_runs_in_use{tenant=\"alpha\"} 1"),
+            std::string::npos);
   const int beta = calls.Run("b", "3", "token-beta-456");
   calls.Wait();
   for (int i : {alpha1, alpha2, beta}) EXPECT_TRUE(calls.status(i).ok()) << i;
@@ -182,6 +194,11 @@ TEST_F(ConcurrencyTest, RunsPastTheTenantLimitFailNamingIt) {
             "slot; retry later");
   calls.Wait();
   EXPECT_TRUE(calls.status(first).ok());
+  const std::string m =
+      prometheus::TextSerializer().Serialize(server_->metrics()->registry()->Collect());
+  EXPECT_NE(m.find("sandbox_broker_tenant_run_refusals_total{tenant=\"alpha\"} 1"),
+            std::string::npos)
+      << m;
 }
 
 TEST_F(ConcurrencyTest, LocalRunsWaitOnTheEventLoop) {
