@@ -8,6 +8,7 @@
 #include <atomic>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/synchronization/notification.h"
 #include "common/event_loop.h"
 #include "common/limiter.h"
@@ -199,6 +200,75 @@ TEST_F(ConcurrencyTest, RunsPastTheTenantLimitFailNamingIt) {
   EXPECT_NE(m.find("sandbox_broker_tenant_run_refusals_total{tenant=\"alpha\"} 1"),
             std::string::npos)
       << m;
+}
+
+// RunStream flow control end to end (README "Concurrency and limits"): a
+// client that stops reading makes the broker stop reading the program's
+// output once its bounded buffer is full, so the program blocks on its pipe
+// instead of the broker's memory growing; when the client reads again,
+// every byte arrives in order.
+TEST_F(ConcurrencyTest, ASlowStreamReaderPausesTheProgramAndLosesNothing) {
+  constexpr int kChunk = 64 * 1024, kChunks = 1024;  // 64 MiB in all
+  StartBroker(R"({"max_output_bytes": 134217728, "max_timeout_seconds": 300})");
+  auto sb = Client("slow-reader");
+  ASSERT_TRUE(sb->Start().ok());
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer token-alpha-123");
+  pb::RunRequest req;
+  req.set_session_id("slow-reader");
+  req.set_timeout_seconds(300);
+  // Each 64 KiB chunk is its index, as text, padded with dots; progress.txt
+  // says how many chunks the program has written (renamed into place).
+  req.set_code(absl::StrCat("import os, sys\n", "for i in range(", kChunks, "):\n",
+                            "    sys.stdout.buffer.write(str(i).encode().ljust(", kChunk,
+                            ", b'.'))\n", "    sys.stdout.flush()\n",
+                            "    open('p.tmp', 'w').write(str(i + 1))\n",
+                            "    os.replace('p.tmp', 'progress.txt')\n"));
+  auto reader = stub_->RunStream(&ctx, req);
+  std::string got;
+  pb::RunEvent ev;
+  ASSERT_TRUE(reader->Read(&ev));
+  got += ev.output().data();
+  // Now read nothing: the program must come to a stop, well short of the end.
+  auto progress = [&]() -> int {
+    auto f = sb->ReadFile("progress.txt");
+    int n = -1;
+    return f.ok() && f->has_value() && absl::SimpleAtoi(**f, &n) ? n : -1;
+  };
+  int last = -2;
+  absl::Time since = absl::Now();
+  ASSERT_TRUE(WaitFor([&] {
+    const int p = progress();
+    if (p != last || p < 0) {
+      last = p;
+      since = absl::Now();
+    }
+    return absl::Now() - since > absl::Milliseconds(500);  // unchanged for 0.5 s
+  })) << "the program never paused; "
+      << last << " chunks written";
+  // What is in flight: the broker's 256 KiB buffer, the pipe, and gRPC's and
+  // the kernel's socket windows (HTTP/2 flow control) on both sides.
+  printf("slow reader: the program paused after %d of %d chunks of 64 KiB\n", last, kChunks);
+  EXPECT_LT(last, 256) << last << " of " << kChunks << " chunks written with no reader";
+  // Read again: every chunk, in order, then the result.
+  bool result = false;
+  while (reader->Read(&ev)) {
+    if (ev.has_output()) got += ev.output().data();
+    if (ev.has_result()) {
+      result = true;
+      EXPECT_EQ(ev.result().exit_code(), 0);
+      EXPECT_FALSE(ev.result().truncated());
+    }
+  }
+  grpc::Status s = reader->Finish();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(result);
+  ASSERT_EQ(got.size(), static_cast<size_t>(kChunk) * kChunks);
+  for (int i = 0; i < kChunks; ++i) {
+    const std::string head = std::to_string(i);
+    ASSERT_EQ(got.compare(static_cast<size_t>(i) * kChunk, head.size(), head), 0) << "chunk " << i;
+  }
+  EXPECT_EQ(progress(), kChunks);
 }
 
 TEST_F(ConcurrencyTest, LocalRunsWaitOnTheEventLoop) {
