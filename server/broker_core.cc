@@ -394,6 +394,7 @@ absl::StatusOr<pb::RunResult> BrokerCore::Finish(ExecPlan& plan, absl::StatusOr<
   const std::string& provider = plan.lease.provider();
   if (metrics_) metrics_->RunFinished(provider, r.output.size(), r.timed_out);
   if (metrics_ && r.oom_killed) metrics_->OomKilled(provider);
+  if (metrics_ && !r.quota_exhausted.empty()) metrics_->QuotaHit(provider, r.quota_exhausted);
   pb::RunResult out;
   out.set_output(RepairUtf8(r.output));
   out.set_exit_code(r.exit_code);

@@ -78,7 +78,8 @@ Metrics::Metrics()
                      .Register(*registry_)),
       quota_hits_(prometheus::BuildCounter()
                       .Name("sandbox_broker_quota_hits_total")
-                      .Help("Writes refused by a sandbox quota")
+                      .Help("Writes refused by a sandbox quota (WriteFile), and runs that used a "
+                            "workspace quota up (quota: disk or inodes)")
                       .Register(*registry_)),
       limit_refusals_(prometheus::BuildCounter()
                           .Name("sandbox_broker_limit_refusals_total")

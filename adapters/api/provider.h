@@ -142,6 +142,9 @@ struct ExecResult {
   bool cancelled = false;
   // A process of the run was killed by the sandbox's memory limit.
   bool oom_killed = false;
+  // The run used up a workspace quota ("disk" or "inodes") that had room
+  // when it started: its writes past it failed with ENOSPC. "" otherwise.
+  std::string quota_exhausted;
 };
 
 // One provider sandbox. Owned by exactly one session.

@@ -298,11 +298,41 @@ class LocalSandbox final : public Sandbox {
     return u;
   }
 
+  // The workspace's free bytes and inodes (statvfs), for quota hits.
+  struct QuotaRoom {
+    bool known = false;
+    uint64_t bytes = 0, total_bytes = 0, inodes = 0;
+  };
+  QuotaRoom Room() const {
+    QuotaRoom q;
+    struct statvfs v;
+    if (!provider_->enforcement().disk || statvfs(p_.workspace.c_str(), &v) != 0) return q;
+    q.known = true;
+    q.bytes = static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
+    q.total_bytes = static_cast<uint64_t>(v.f_blocks) * v.f_frsize;
+    q.inodes = v.f_favail;
+    return q;
+  }
+  // Which quota a run used up: "disk" when it ends with under 1 MiB or 1% of
+  // the byte quota left, whichever is more (ext4 holds some blocks back for
+  // its metadata, so a write gets ENOSPC with a few hundred KiB still free),
+  // "inodes" with under 16 inodes left; and either only if the run started
+  // with more room than it left (it used the quota up, rather than finding it
+  // used up). "" otherwise, or with no quota.
+  static std::string QuotaUsedUp(const QuotaRoom& before, const QuotaRoom& after) {
+    if (!before.known || !after.known) return "";
+    const uint64_t floor = std::max<uint64_t>(uint64_t{1} << 20, after.total_bytes / 100);
+    if (after.bytes < floor && after.bytes < before.bytes) return "disk";
+    if (after.inodes < 16 && after.inodes < before.inodes) return "inodes";
+    return "";
+  }
+
   // One run between BeginRun and EndRun: its cgroup and the fds it is
   // collected from.
   struct RunStart {
     std::string run_cg;
     int64_t oom_before = 0;
+    QuotaRoom room_before;  // the workspace's room when the run started
     int run_sock = -1;
     std::vector<int> readers;  // stdout (+ stderr when split)
   };
@@ -388,6 +418,7 @@ class LocalSandbox final : public Sandbox {
     }
     RunStart st;
     st.run_cg = run_cg;
+    st.room_before = Room();
     absl::Cleanup undo = [this] {
       absl::MutexLock l(&mu_);
       --running_;
@@ -412,6 +443,8 @@ class LocalSandbox final : public Sandbox {
   // After the run's main process exited (or the run failed): its OOM kills,
   // its cgroup back to the idle list when empty, running_ down.
   void EndRun(RunStart& st, absl::StatusOr<ExecResult>* r) {
+    // A run that used up a quota the sandbox had room in when it started.
+    if (r->ok()) (*r)->quota_exhausted = QuotaUsedUp(st.room_before, Room());
     if (cg_) {
       if (r->ok() && cg_->OomKills(p_.id, st.run_cg) > st.oom_before) (*r)->oom_killed = true;
       // Groups still holding background processes stay until Destroy.
