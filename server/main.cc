@@ -11,6 +11,7 @@
 #include "common/child_reaper.h"
 #include "common/failpoint.h"
 #include "common/log.h"
+#include "common/process_defaults.h"
 #include "server/broker_server.h"
 #include "server/config.h"
 #include "server/provider_setup.h"
@@ -37,6 +38,8 @@ int Fail(const std::string& msg) {
 
 int main(int argc, char** argv) {
   using namespace sandbox;
+  // Before any thread: the soak's RSS slope (README "Hardening").
+  ApplyServingDefaults();
   std::string config_path, listen;
   bool check_only = false;
   for (int i = 1; i < argc; ++i) {

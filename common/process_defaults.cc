@@ -1,0 +1,31 @@
+#include "common/process_defaults.h"
+
+#include <malloc.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/synchronization/mutex.h"
+
+namespace sandbox {
+
+int ServingArenaMax(const char* malloc_arena_max, const char* glibc_tunables) {
+  if (malloc_arena_max != nullptr && malloc_arena_max[0] != '\0') return 0;
+  if (glibc_tunables != nullptr && strstr(glibc_tunables, "glibc.malloc.arena_max") != nullptr) {
+    return 0;
+  }
+  return kServingArenaMax;
+}
+
+ServingDefaults ApplyServingDefaults() {
+  ServingDefaults d;
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  d.deadlock_detection_off = true;
+  const int arena_max = ServingArenaMax(getenv("MALLOC_ARENA_MAX"), getenv("GLIBC_TUNABLES"));
+#ifdef M_ARENA_MAX
+  if (arena_max > 0 && mallopt(M_ARENA_MAX, arena_max) == 1) d.arena_max = arena_max;
+#endif
+  return d;
+}
+
+}  // namespace sandbox

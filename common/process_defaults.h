@@ -1,0 +1,33 @@
+#pragma once
+
+namespace sandbox {
+
+// Process-wide settings for a long-running daemon, applied first thing in
+// main() (before any thread starts). Tests and tools keep the defaults.
+struct ServingDefaults {
+  bool deadlock_detection_off = false;
+  int arena_max = 0;  // the malloc arena bound set here; 0 = left to the environment
+};
+
+// glibc malloc arenas the daemon allows itself (glibc's default is up to 8
+// per core). gRPC's threads each settle on an arena; memory freed into one
+// arena serves only the threads on it, so with many arenas the heap they
+// hold (not what is in use, which stays flat) crept up for as long as the
+// broker served. Two arenas keep that free memory shared.
+inline constexpr int kServingArenaMax = 2;
+
+// Turns off absl::Mutex deadlock detection and bounds malloc arenas to
+// kServingArenaMax unless the environment chose a bound (MALLOC_ARENA_MAX,
+// or glibc.malloc.arena_max in GLIBC_TUNABLES). The deadlock detector is a
+// debugging aid, and it is on in an absl built without NDEBUG (Debian's
+// libabsl is): every lock taken while another is held, gRPC's included, then
+// adds edges to a global lock graph held in memory that is never returned to
+// the system (LowLevelAlloc), so the daemon's RSS grew for as long as it
+// served.
+ServingDefaults ApplyServingDefaults();
+
+// The arena bound ApplyServingDefaults sets given those two environment
+// variables (null = unset): 0 when the environment chose.
+int ServingArenaMax(const char* malloc_arena_max, const char* glibc_tunables);
+
+}  // namespace sandbox
