@@ -51,6 +51,7 @@ struct SessionManager::Session {
   std::map<std::string, std::string> labels;
   std::map<std::string, std::string> env;
   SandboxResources resources;
+  SandboxResources ceiling;  // the tenant's maximum when created (kept for adoption)
   absl::Time created_wall;
   absl::Time created_mono;
   absl::Duration idle_timeout;
@@ -98,6 +99,15 @@ absl::Status SessionManager::TemplateConflict(const Session& s, const CreateOpti
                    "\", not \"", create->template_name, "\""));
 }
 
+namespace {
+nlohmann::json ResourcesJson(const SandboxResources& r) {
+  return {{"memory_bytes", r.memory_bytes},
+          {"cpus", r.cpus},
+          {"pids", r.pids},
+          {"disk_bytes", r.disk_bytes}};
+}
+}  // namespace
+
 SessionRecord SessionManager::RecordOf(const Session& s, StoredState state) const {
   SessionRecord r;
   r.tenant = s.tenant;
@@ -114,11 +124,10 @@ SessionRecord SessionManager::RecordOf(const Session& s, StoredState state) cons
                          // Per-tenant policy and resources, for adoption.
                          {"idle_timeout_ms", absl::ToInt64Milliseconds(s.idle_timeout)},
                          {"max_lifetime_ms", absl::ToInt64Milliseconds(s.max_lifetime)},
-                         {"resources",
-                          {{"memory_bytes", s.resources.memory_bytes},
-                           {"cpus", s.resources.cpus},
-                           {"pids", s.resources.pids},
-                           {"disk_bytes", s.resources.disk_bytes}}}};
+                         {"resources", ResourcesJson(s.resources)},
+                         // The tenant's ceiling applied at create: an adopted
+                         // sandbox keeps the limits it was made with.
+                         {"ceiling", ResourcesJson(s.ceiling)}};
   r.spec_json = spec.dump();
   r.created_at = s.created_wall;
   r.last_active_at = s.last_active_wall;
@@ -314,6 +323,7 @@ absl::StatusOr<Lease> SessionManager::Acquire(const std::string& tenant,
       s->labels = create->labels;
       s->env = create->env;
       s->resources = create->resources;
+      s->ceiling = create->resources_ceiling;
       s->attempt_id = RandomHex(8);
       if (auto g = next_generation_.find({tenant, session_id}); g != next_generation_.end()) {
         s->generation = g->second;
@@ -741,6 +751,7 @@ absl::Status SessionManager::AdoptLocked(const std::shared_ptr<Session>& s) {
   SandboxSpec spec = SpecOf(s->tenant, s->session_id, instance_id_, deployment_id_, s->attempt_id,
                             s->template_name, s->language, s->env, s->labels);
   spec.resources = s->resources;
+  spec.ceiling = s->ceiling;
   const std::string provider_name = s->provider;
   const std::string sandbox_id = s->sandbox_id;
   mu_.Unlock();
@@ -804,7 +815,7 @@ struct StoredSpec {
   std::string template_name;
   Language language = Language::kPython;
   std::map<std::string, std::string> env, labels;
-  SandboxResources resources;
+  SandboxResources resources, ceiling;
   int64_t idle_ms = 0;
   int64_t life_ms = -1;
 };
@@ -834,12 +845,16 @@ StoredSpec ParseStoredSpec(const std::string& text) {
   strings("labels", &out.labels);
   out.idle_ms = num(spec, "idle_timeout_ms", int64_t{0});
   out.life_ms = num(spec, "max_lifetime_ms", int64_t{-1});
-  if (auto res = spec.find("resources"); res != spec.end() && res->is_object()) {
-    out.resources.memory_bytes = num(*res, "memory_bytes", int64_t{0});
-    out.resources.cpus = num(*res, "cpus", 0.0);
-    out.resources.pids = num(*res, "pids", int64_t{0});
-    out.resources.disk_bytes = num(*res, "disk_bytes", int64_t{0});
-  }
+  auto resources = [&](const char* k, SandboxResources* into) {
+    auto res = spec.find(k);
+    if (res == spec.end() || !res->is_object()) return;
+    into->memory_bytes = num(*res, "memory_bytes", int64_t{0});
+    into->cpus = num(*res, "cpus", 0.0);
+    into->pids = num(*res, "pids", int64_t{0});
+    into->disk_bytes = num(*res, "disk_bytes", int64_t{0});
+  };
+  resources("resources", &out.resources);
+  resources("ceiling", &out.ceiling);
   return out;
 }
 
@@ -863,6 +878,7 @@ std::shared_ptr<SessionManager::Session> SessionManager::FromRecordLocked(const 
   s->env = spec.env;
   s->labels = spec.labels;
   s->resources = spec.resources;
+  s->ceiling = spec.ceiling;
   if (spec.idle_ms > 0) s->idle_timeout = absl::Milliseconds(spec.idle_ms);
   if (spec.life_ms >= 0) s->max_lifetime = absl::Milliseconds(spec.life_ms);
   // Deadlines continue by wall clock: time spent down counts.

@@ -254,13 +254,24 @@ TEST_F(OperatorsTest, TenantResourceCapBoundsTheProviderDefault) {
   // The cap is what the sandbox's cgroup enforces (where cgroups are on).
   g.set_session_id("capped");
   ASSERT_TRUE(stub_->GetSession(Ctx(kAlpha).get(), g, &alpha).ok());
-  for (const std::string f : {"/sys/fs/cgroup/sandbox-broker/" + alpha.sandbox_id() + "/memory.max",
-                              "/sys/fs/cgroup/memory/sandbox-broker/" + alpha.sandbox_id() +
-                                  "/memory.limit_in_bytes"}) {
+  for (const std::string f :
+       {"/sys/fs/cgroup/sandbox-broker/" + alpha.sandbox_id() + "/memory.max",
+        "/sys/fs/cgroup/memory/sandbox-broker/" + alpha.sandbox_id() + "/memory.limit_in_bytes"}) {
     std::ifstream in(f);
     int64_t limit = -1;
     if (in >> limit) EXPECT_EQ(limit, 256 << 20) << f;
   }
+  // A restart keeps the cap: the session's row carries the ceiling it was
+  // created under, so the adopted sandbox gets the same limits, not the
+  // provider's default.
+  const std::string id = alpha.sandbox_id();
+  server_.reset();  // a graceful stop: the sandboxes stay for the next start
+  Start(R"({"tenants": {"alpha": {"resources": {"memory_bytes": 268435456, "pids": 64}}}})");
+  ASSERT_TRUE(Run(kAlpha, "capped", "print(1)", nullptr, 0, Spec("local")).ok());
+  ASSERT_TRUE(stub_->GetSession(Ctx(kAlpha).get(), g, &alpha).ok());
+  EXPECT_EQ(alpha.sandbox_id(), id);  // adopted
+  EXPECT_EQ(alpha.resources().memory_bytes(), 256 << 20);
+  EXPECT_EQ(alpha.resources().pids(), 64);
 }
 
 TEST_F(OperatorsTest, RunRateAndConcurrentRuns) {
