@@ -22,6 +22,7 @@ namespace sandbox {
 //   create.after_intent   the creating row is written, the provider not called
 //   create.before_ready   the provider created the sandbox, the ready row not written
 //   close.before_destroy  the closing row is written, the provider not called
+//   sweep.after_destroy   the orphan sweep destroyed one orphan, not the rest
 //
 // Thread-safe; the variable is read once, at the first hit or at
 // FailpointsFromEnvironment().

@@ -1176,7 +1176,10 @@ int SessionManager::SweepOrphans(absl::Duration grace) {
            {"sandbox_id", o.sandbox_id},
            {"session_id", o.session_id},
            {"result", st.ok() ? std::string("ok") : std::string(st.message())}});
-      if (st.ok()) ++destroyed;
+      if (st.ok()) {
+        ++destroyed;
+        Failpoint("sweep.after_destroy");
+      }
     }
   }
   return destroyed;

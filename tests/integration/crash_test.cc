@@ -561,6 +561,15 @@ TEST_P(CrashTest, OrphanSweepSurvivesAKillAndSparesOthers) {
     own2 = plant("local-0000000000a2", deployment_);
     other = plant("local-0000000000b1", "someone-else");
     untagged = plant("local-0000000000c1", "");
+    // Kill the first broker half-way through its sweep: one orphan
+    // destroyed, the other not yet (a failpoint holds the sweep there).
+    StartBroker("{}", "sweep.after_destroy=sleep(60000)");
+    ASSERT_TRUE(AtFailpoint("sweep.after_destroy"));
+    struct stat st;
+    EXPECT_EQ(
+        (stat((ws_ + "/" + own1).c_str(), &st) == 0) + (stat((ws_ + "/" + own2).c_str(), &st) == 0),
+        1);
+    broker_->Kill9();
   } else {
     own1 = MakeSandbox({{kDeploymentTag, deployment_}, {kAttemptTag, "lost-1"}});
     own2 = MakeSandbox({{kDeploymentTag, deployment_}, {kAttemptTag, "lost-2"}});
