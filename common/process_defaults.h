@@ -23,7 +23,8 @@ inline constexpr int kServingArenaMax = 2;
 // libabsl is): every lock taken while another is held, gRPC's included, then
 // adds edges to a global lock graph held in memory that is never returned to
 // the system (LowLevelAlloc), so the daemon's RSS grew for as long as it
-// served.
+// served. (In an ASan or TSan build the sanitizer's allocator replaces
+// glibc's malloc; mallopt does nothing there and arena_max stays 0.)
 ServingDefaults ApplyServingDefaults();
 
 // The arena bound ApplyServingDefaults sets given those two environment
