@@ -31,11 +31,6 @@ TEST(ServingArenaMax, BoundsArenasUnlessTheEnvironmentChose) {
     std::_Exit(2);
   }
 #endif
-#if defined(SANDBOX_BROKER_TSAN)
-  // TSan reports the inversion below itself (its own deadlock detector sees
-  // absl::Mutex through tests/sanitizers/tsan_absl_shim.cc).
-  std::_Exit(0);
-#endif
   // Both orders: a cycle the detector, when on, aborts on (after adding both
   // edges to its graph).
   absl::Mutex a;
@@ -52,6 +47,12 @@ TEST(ServingArenaMax, BoundsArenasUnlessTheEnvironmentChose) {
 }
 
 TEST(ApplyServingDefaults, KeepsNoLockGraphAndBoundsArenas) {
+#if defined(SANDBOX_BROKER_TSAN)
+  // TSan's own deadlock detector (it sees absl::Mutex through
+  // tests/sanitizers/tsan_absl_shim.cc) would report the deliberate
+  // inversion, and its allocator replaces malloc: nothing left to check.
+  GTEST_SKIP() << "not meaningful under ThreadSanitizer";
+#endif
   EXPECT_EXIT(ApplyThenLockBothOrders(), ::testing::ExitedWithCode(0), "");
 }
 
