@@ -444,7 +444,15 @@ class Soak {
       Record("final close", s.error_code(), s.ok(), s.error_message());
     }
     const int left_sessions = CountSessions();
-    const int left_workspaces = o_.provider == "local" ? std::max(0, CountEntries(ws_)) : 0;
+    // A reap the final closes raced with may still be removing its workspace
+    // (the session is out of the table before its destroy ends): allow a
+    // moment, as for the processes below.
+    int left_workspaces = 0;
+    for (int i = 0; i < 50 && o_.provider == "local"; ++i) {
+      left_workspaces = std::max(0, CountEntries(ws_));
+      if (left_workspaces == 0) break;
+      usleep(100000);
+    }
     // Sandboxes are processes under the broker; allow a moment for kills.
     std::vector<int> left_procs;
     for (int i = 0; i < 50; ++i) {
