@@ -171,6 +171,9 @@ class Soak {
                           {"max_output_bytes", 65536},
                           {"close_wait_seconds", 10},
                           {"log_level", "warning"},
+                          // Its own store: soaks run in parallel (ctest -j)
+                          // must never share the default one.
+                          {"state", {{"backend", "sqlite"}, {"path", dir_ + "/state.db"}}},
                           {"providers",
                            {{"local", {{"workspace_root", ws_}, {"uid_base", 640000}}},
                             {"echo", nlohmann::json::object()}}}};

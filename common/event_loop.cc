@@ -192,7 +192,9 @@ WorkPool* WorkPool::Shared() {
 void WorkPool::Submit(std::function<void()> fn) {
   absl::MutexLock l(&mu_);
   queue_.push_back(std::move(fn));
-  if (idle_ == 0 && threads_ < max_threads_) {
+  // Idle threads not yet woken still count as idle: start one more when the
+  // queue outgrows them.
+  if (static_cast<int>(queue_.size()) > idle_ && threads_ < max_threads_) {
     ++threads_;
     all_.emplace_back([this] { Worker(); });
     pthread_setname_np(all_.back().native_handle(), std::string(name_).substr(0, 15).c_str());

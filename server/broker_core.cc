@@ -479,16 +479,24 @@ void BrokerCore::AcquireAsync(std::shared_ptr<ExecPlan> shared, RunDone done) {
                                    })) {
       return;
     }
-    // A create or attach of our own: on a thread that may block (bounded by
-    // max_concurrent_creates per provider).
+    // A create or attach of our own. Its short blocking steps (store rows)
+    // run on a thread that may block; a create waits for its slot
+    // (max_concurrent_creates) and for the provider holding no thread.
     blocking_->Submit([this, shared, done]() mutable {
       std::optional<RequestIdScope> scope;
       if (!shared->ctx.request_id.empty()) scope.emplace(shared->ctx.request_id);
-      if (absl::Status s = AcquireLease(*shared); !s.ok()) {
-        done(s);
-        return;
-      }
-      Start(shared, std::move(done));
+      sessions_->AcquireAsync(shared->ctx.tenant, shared->session_id, &shared->create,
+                              [this, shared, done](absl::StatusOr<Lease> lease) mutable {
+                                std::optional<RequestIdScope> scope;
+                                if (!shared->ctx.request_id.empty())
+                                  scope.emplace(shared->ctx.request_id);
+                                lease = RefusedIfMaxSessions(shared->ctx, &shared->create,
+                                                             std::move(lease));
+                                if (!lease.ok()) return done(lease.status());
+                                shared->lease = std::move(*lease);
+                                if (absl::Status s = Ready(*shared); !s.ok()) return done(s);
+                                Start(shared, std::move(done));
+                              });
     });
     return;
   }
@@ -937,7 +945,12 @@ absl::StatusOr<CreateOptions> BrokerCore::CreateOptionsFor(const CallContext& ct
 
 absl::StatusOr<Lease> BrokerCore::AcquireFor(const CallContext& ctx, const std::string& session_id,
                                              const CreateOptions* o) {
-  absl::StatusOr<Lease> lease = sessions_->Acquire(ctx.tenant, session_id, o);
+  return RefusedIfMaxSessions(ctx, o, sessions_->Acquire(ctx.tenant, session_id, o));
+}
+
+absl::StatusOr<Lease> BrokerCore::RefusedIfMaxSessions(const CallContext& ctx,
+                                                       const CreateOptions* o,
+                                                       absl::StatusOr<Lease> lease) {
   if (!lease.ok() && lease.status().code() == absl::StatusCode::kResourceExhausted &&
       absl::StrContains(lease.status().message(), "max_sessions")) {
     const std::string provider = o == nullptr                   ? ""

@@ -154,6 +154,9 @@ class BrokerCore {
   // Acquire, auditing a max_sessions refusal.
   absl::StatusOr<Lease> AcquireFor(const CallContext& ctx, const std::string& session_id,
                                    const CreateOptions* o);
+  // An acquire's max_sessions refusal, audited and named; else as given.
+  absl::StatusOr<Lease> RefusedIfMaxSessions(const CallContext& ctx, const CreateOptions* o,
+                                             absl::StatusOr<Lease> lease);
   void RecordUsage(const CallContext& ctx, const std::string& provider, const UsageCounters& d);
 
   // Run/Shell through the ledger when the request carries a run_id.

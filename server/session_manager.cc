@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/text.h"
 #include "nlohmann/json.hpp"
+#include "server/audit.h"
 
 namespace sandbox {
 namespace {
@@ -279,6 +280,37 @@ void SessionManager::ReleaseLease(Session* s) {
 absl::StatusOr<Lease> SessionManager::Acquire(const std::string& tenant,
                                               const std::string& session_id,
                                               const CreateOptions* create) {
+  std::shared_ptr<Session> fresh;
+  Provider* provider = nullptr;
+  absl::StatusOr<Lease> lease =
+      AcquireOrBegin(tenant, session_id, create, &fresh, &provider, nullptr, nullptr);
+  if (fresh == nullptr) return lease;
+  return CreateAndLease(fresh, provider, *create);
+}
+
+void SessionManager::AcquireAsync(const std::string& tenant, const std::string& session_id,
+                                  const CreateOptions* create, LeaseDone done) {
+  std::shared_ptr<Session> fresh;
+  Provider* provider = nullptr;
+  // Another call's creation in progress: look again once it settles (its
+  // failure is our answer), holding no thread meanwhile.
+  std::function<void(absl::Status)> wake = [this, tenant, session_id, create,
+                                            done](absl::Status settled) {
+    if (!settled.ok()) return done(settled);
+    AcquireAsync(tenant, session_id, create, done);
+  };
+  bool waiting = false;
+  absl::StatusOr<Lease> lease =
+      AcquireOrBegin(tenant, session_id, create, &fresh, &provider, &wake, &waiting);
+  if (waiting) return;
+  if (fresh == nullptr) return done(std::move(lease));
+  CreateAndLeaseAsync(fresh, provider, *create, std::move(done));
+}
+
+absl::StatusOr<Lease> SessionManager::AcquireOrBegin(
+    const std::string& tenant, const std::string& session_id, const CreateOptions* create,
+    std::shared_ptr<Session>* fresh, Provider** fresh_provider,
+    std::function<void(absl::Status)>* wake, bool* waiting) {
   Provider* provider = nullptr;
   std::string provider_name;
   if (create != nullptr) {
@@ -339,12 +371,17 @@ absl::StatusOr<Lease> SessionManager::Acquire(const std::string& tenant,
           create->max_lifetime > absl::ZeroDuration() ? create->max_lifetime : limits_.max_lifetime;
       sessions.emplace(session_id, s);
       ++total_;
-      mu_.Unlock();
-      absl::StatusOr<Lease> lease = CreateAndLease(s, provider, *create);
-      mu_.Lock();
-      return lease;
+      // The caller creates it (CreateAndLease), without mu_.
+      *fresh = std::move(s);
+      *fresh_provider = provider;
+      return absl::UnavailableError("the session is being created");
     }
     std::shared_ptr<Session> s = it->second;
+    if (s->state == SessionStateKind::kCreating && wake != nullptr && !s->recovered) {
+      s->waiters.push_back(std::move(*wake));
+      *waiting = true;
+      return absl::UnavailableError("waiting for the session's creation");
+    }
     if (s->state == SessionStateKind::kCreating || s->state == SessionStateKind::kClosing) {
       const SessionStateKind was = s->state;
       auto changed = [&s, was]()
@@ -406,11 +443,10 @@ bool SessionManager::WaitForCreation(const std::string& tenant, const std::strin
   return true;
 }
 
-absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Session>& s,
-                                                     Provider* provider, const CreateOptions& o) {
+SandboxSpec SessionManager::CreateSpecOf(const Session& s, const CreateOptions& o) const {
   SandboxSpec spec;
-  spec.tenant = s->tenant;
-  spec.session_id = s->session_id;
+  spec.tenant = s.tenant;
+  spec.session_id = s.session_id;
   spec.broker_instance_id = instance_id_;
   spec.template_name = o.template_name;
   spec.language = o.language;
@@ -418,27 +454,90 @@ absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Sessi
   spec.labels = o.labels;
   spec.resources = o.resources;
   spec.deployment_id = deployment_id_;
-  spec.attempt_id = s->attempt_id;
+  spec.attempt_id = s.attempt_id;
   spec.ceiling = o.resources_ceiling;
-  const absl::Time start = clock_->Monotonic();
+  return spec;
+}
+
+absl::Status SessionManager::BeginCreate(const Session& s) {
   // Write-ahead: the intent is durable before the provider creates anything.
   absl::Status status =
-      store_ ? store_->PutSession(RecordOf(*s, StoredState::kCreating)) : absl::OkStatus();
+      store_ ? store_->PutSession(RecordOf(s, StoredState::kCreating)) : absl::OkStatus();
   if (status.ok()) Failpoint("create.after_intent");
+  return status;
+}
+
+absl::StatusOr<Lease> SessionManager::CreateAndLease(const std::shared_ptr<Session>& s,
+                                                     Provider* provider, const CreateOptions& o) {
+  const absl::Time start = clock_->Monotonic();
+  const SandboxSpec spec = CreateSpecOf(*s, o);
+  absl::Status status = BeginCreate(*s);
   // max_concurrent_creates: wait (bounded) for a create slot.
   LimitSlot create_slot;
   if (status.ok()) {
-    auto lim = create_limiters_.find(s->provider);
-    if (lim != create_limiters_.end()) {
-      status = lim->second->AcquireBlocking();
-      if (status.ok()) create_slot = LimitSlot(lim->second);
-      if (!status.ok() && metrics_) metrics_->LimitRefused(lim->second->name());
+    if (Limiter* lim = CreateLimiter(s->provider)) {
+      status = lim->AcquireBlocking();
+      if (status.ok()) create_slot = LimitSlot(lim);
+      if (!status.ok() && metrics_) metrics_->LimitRefused(lim->name());
     }
   }
   absl::StatusOr<std::unique_ptr<Sandbox>> created =
       status.ok() ? provider->Create(spec) : absl::StatusOr<std::unique_ptr<Sandbox>>(status);
   create_slot.Release();
-  status = created.status();
+  return FinishCreate(s, o, std::move(created), start);
+}
+
+void SessionManager::CreateAndLeaseAsync(const std::shared_ptr<Session>& s, Provider* provider,
+                                         const CreateOptions& o, LeaseDone done) {
+  // Not the serving pool: its threads may wait (Acquire) on this very
+  // creation, and a bounded pool full of them would never run its end.
+  WorkPool* pool = WorkPool::Shared();
+  const absl::Time start = clock_->Monotonic();
+  SandboxSpec spec = CreateSpecOf(*s, o);
+  if (absl::Status status = BeginCreate(*s); !status.ok()) {
+    return done(FinishCreate(s, o, status, start));
+  }
+  const CreateOptions* opts = &o;
+  Limiter* lim = CreateLimiter(s->provider);
+  // The call's request id follows its steps onto other threads (the audit
+  // log's session events carry it).
+  const std::string request_id = CurrentRequestId();
+  // Each step after the provider's answer may block (seed files, the ready
+  // row): on `pool`, never on the provider's HTTP thread.
+  auto after_slot = [this, s, provider, opts, pool, lim, start, spec = std::move(spec), done,
+                     request_id](absl::Status slot) mutable {
+    if (!slot.ok()) {
+      if (metrics_ && lim != nullptr) metrics_->LimitRefused(lim->name());
+      pool->Submit([this, s, opts, start, slot, done, request_id] {
+        RequestIdScope scope(request_id);
+        done(FinishCreate(s, *opts, slot, start));
+      });
+      return;
+    }
+    provider->CreateAsync(std::move(spec), [this, s, opts, pool, lim, start, done, request_id](
+                                               absl::StatusOr<std::unique_ptr<Sandbox>> created) {
+      auto held = std::make_shared<absl::StatusOr<std::unique_ptr<Sandbox>>>(std::move(created));
+      pool->Submit([this, s, opts, lim, start, done, held, request_id] {
+        RequestIdScope scope(request_id);
+        if (lim != nullptr) lim->Release();  // the next create starts on this thread
+        done(FinishCreate(s, *opts, std::move(*held), start));
+      });
+    });
+  };
+  if (lim == nullptr) return after_slot(absl::OkStatus());
+  lim->Acquire(std::move(after_slot));
+}
+
+Limiter* SessionManager::CreateLimiter(const std::string& provider) const {
+  auto lim = create_limiters_.find(provider);
+  return lim == create_limiters_.end() ? nullptr : lim->second;
+}
+
+absl::StatusOr<Lease> SessionManager::FinishCreate(const std::shared_ptr<Session>& s,
+                                                   const CreateOptions& o,
+                                                   absl::StatusOr<std::unique_ptr<Sandbox>> created,
+                                                   absl::Time start) {
+  absl::Status status = created.status();
   std::shared_ptr<Sandbox> sandbox;
   if (created.ok()) {
     sandbox = std::move(*created);

@@ -194,6 +194,17 @@ class SessionManager {
   absl::StatusOr<Lease> Acquire(const std::string& tenant, const std::string& session_id,
                                 const CreateOptions* create);
 
+  // Acquire for a caller that must not wait on the provider: a lease or an
+  // error is given to `done`, once. A creation of its own runs with
+  // Provider::CreateAsync and holds no thread while the provider works;
+  // another call's creation is waited for as a callback. The steps that
+  // block run on the calling thread (the intent row; waiting on a close or
+  // an attach) or on WorkPool::Shared() (seed files, the ready row), where
+  // `done` is then called. `create` must stay valid until `done` runs.
+  using LeaseDone = std::function<void(absl::StatusOr<Lease>)>;
+  void AcquireAsync(const std::string& tenant, const std::string& session_id,
+                    const CreateOptions* create, LeaseDone done);
+
   // Acquire without waiting: a lease when the session is ready and needs no
   // provider call (no create, no attach, no creation to wait for); else
   // sets *would_block and returns UNAVAILABLE, and the caller goes to
@@ -267,8 +278,27 @@ class SessionManager {
   // removes the session from the table.
   void FinishClose(const std::shared_ptr<Session>& s, std::shared_ptr<Sandbox> sandbox,
                    CloseReason reason);
+  // Acquire's table work: a lease, an error, or (*fresh set, with its
+  // provider) a new session in state creating that the caller must create.
+  // With `wake`, another call's creation in progress is not waited for:
+  // `wake` joins its waiters and *waiting is set.
+  absl::StatusOr<Lease> AcquireOrBegin(const std::string& tenant, const std::string& session_id,
+                                       const CreateOptions* create, std::shared_ptr<Session>* fresh,
+                                       Provider** fresh_provider,
+                                       std::function<void(absl::Status)>* wake, bool* waiting);
+  // Creates the sandbox of a session in state creating: the intent row
+  // (BeginCreate), a create slot, the provider's create, then FinishCreate
+  // (seed files, the ready row, the table, the waiters).
   absl::StatusOr<Lease> CreateAndLease(const std::shared_ptr<Session>& s, Provider* provider,
                                        const CreateOptions& o);
+  void CreateAndLeaseAsync(const std::shared_ptr<Session>& s, Provider* provider,
+                           const CreateOptions& o, LeaseDone done);
+  SandboxSpec CreateSpecOf(const Session& s, const CreateOptions& o) const;
+  absl::Status BeginCreate(const Session& s);
+  absl::StatusOr<Lease> FinishCreate(const std::shared_ptr<Session>& s, const CreateOptions& o,
+                                     absl::StatusOr<std::unique_ptr<Sandbox>> created,
+                                     absl::Time start);
+  Limiter* CreateLimiter(const std::string& provider) const;
   // Attaches a recovered session's sandbox (mu_ held; released around the
   // provider call). OK: ready with a sandbox. A gone sandbox: the session is
   // removed (its next sandbox gets generation + 1).

@@ -4,6 +4,7 @@
 #include <atomic>
 
 #include "absl/strings/str_cat.h"
+#include "common/event_loop.h"
 #include "common/log.h"
 #include "common/text.h"
 
@@ -222,7 +223,31 @@ void WarmPool::Stop() {
 }
 
 absl::StatusOr<std::unique_ptr<Sandbox>> WarmPool::Create(const SandboxSpec& spec) {
-  if (!spec.pool.empty()) return inner_->Create(spec);
+  if (auto claimed = TakeMember(spec)) return std::move(*claimed);
+  return inner_->Create(spec);
+}
+
+void WarmPool::CreateAsync(SandboxSpec spec, SandboxDone done) {
+  bool may_claim;
+  {
+    absl::MutexLock l(&mu_);
+    may_claim = spec.pool.empty() && started_ && !stopping_ && !ready_.empty();
+  }
+  if (may_claim) {
+    // A claim is a short provider call (or two): on the blocking pool.
+    WorkPool::Shared()->Submit([this, spec = std::move(spec), done = std::move(done)]() mutable {
+      if (auto claimed = TakeMember(spec)) return done(std::move(*claimed));
+      inner_->CreateAsync(std::move(spec), std::move(done));
+    });
+    return;
+  }
+  if (auto claimed = TakeMember(spec)) return done(std::move(*claimed));  // never blocks here
+  inner_->CreateAsync(std::move(spec), std::move(done));
+}
+
+std::optional<absl::StatusOr<std::unique_ptr<Sandbox>>> WarmPool::TakeMember(
+    const SandboxSpec& spec) {
+  if (!spec.pool.empty()) return std::nullopt;
   SandboxSpec member;
   Metrics* metrics = nullptr;
   bool serving;
@@ -235,10 +260,10 @@ absl::StatusOr<std::unique_ptr<Sandbox>> WarmPool::Create(const SandboxSpec& spe
     }
   }
   // Not started yet, or shutting down: as without a pool.
-  if (!serving) return inner_->Create(spec);
+  if (!serving) return std::nullopt;
   if (!inner_->CanClaim(member, spec)) {
     Miss("mismatch");
-    return inner_->Create(spec);
+    return std::nullopt;
   }
   while (true) {
     Member m;
@@ -284,7 +309,7 @@ absl::StatusOr<std::unique_ptr<Sandbox>> WarmPool::Create(const SandboxSpec& spe
     DestroyAll(std::move(one), "claim_failed");
   }
   Miss("empty");
-  return inner_->Create(spec);
+  return std::nullopt;
 }
 
 absl::StatusOr<std::vector<OwnedSandbox>> WarmPool::ListOwned(const std::string& deployment_id) {

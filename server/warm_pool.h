@@ -4,6 +4,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -78,6 +79,12 @@ class WarmPool final : public Provider {
   // ---- Provider ----
   absl::string_view name() const override { return inner_->name(); }
   absl::StatusOr<std::unique_ptr<Sandbox>> Create(const SandboxSpec& spec) override;
+  // A claim on the blocking pool (a short provider call); a miss creates
+  // with the wrapped provider's CreateAsync (no thread waits).
+  void CreateAsync(SandboxSpec spec, SandboxDone done) override;
+  void AttachAsync(std::string sandbox_id, SandboxSpec spec, SandboxDone done) override {
+    inner_->AttachAsync(std::move(sandbox_id), std::move(spec), std::move(done));
+  }
   std::string Degraded() const override { return inner_->Degraded(); }
   absl::Status CheckHealth() override { return inner_->CheckHealth(); }
   absl::StatusOr<std::unique_ptr<Sandbox>> Attach(const std::string& sandbox_id,
@@ -107,6 +114,9 @@ class WarmPool final : public Provider {
     int64_t seq = 0;  // claims_ when it was claimed
   };
 
+  // A member claimed for `spec` (or the claim's error), or nullopt (a miss,
+  // counted) when no member serves it. Blocks only to claim or destroy.
+  std::optional<absl::StatusOr<std::unique_ptr<Sandbox>>> TakeMember(const SandboxSpec& spec);
   SandboxSpec MemberSpec(const std::string& attempt_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishSizeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Miss(const char* reason);

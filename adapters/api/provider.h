@@ -214,6 +214,16 @@ class Provider {
   // (unreachable; retryable), INVALID_ARGUMENT (bad template/spec). A failed
   // create leaves nothing behind. Not idempotent.
   virtual absl::StatusOr<std::unique_ptr<Sandbox>> Create(const SandboxSpec& spec) = 0;
+
+  // Create without holding the caller's thread while the provider works:
+  // `done` is called exactly once with what Create would return, possibly
+  // before CreateAsync returns and possibly on another thread (a provider's
+  // HTTP thread: it must not block). Providers with an asynchronous API
+  // (libcurl's multi interface) override it; the default runs Create on
+  // WorkPool::Shared(). AttachAsync is the same for Attach.
+  using SandboxDone = std::function<void(absl::StatusOr<std::unique_ptr<Sandbox>>)>;
+  virtual void CreateAsync(SandboxSpec spec, SandboxDone done);
+  virtual void AttachAsync(std::string sandbox_id, SandboxSpec spec, SandboxDone done);
   // Non-empty when the provider runs in a weaker mode the operator chose
   // (e.g. local limits not enforced): why, for health and metrics.
   virtual std::string Degraded() const { return ""; }

@@ -23,6 +23,16 @@ void Sandbox::ExecAsync(ExecRequest request, ExecDone done) {
       [this, request = std::move(request), done = std::move(done)]() { done(Exec(request)); });
 }
 
+void Provider::CreateAsync(SandboxSpec spec, SandboxDone done) {
+  WorkPool::Shared()->Submit(
+      [this, spec = std::move(spec), done = std::move(done)]() { done(Create(spec)); });
+}
+
+void Provider::AttachAsync(std::string sandbox_id, SandboxSpec spec, SandboxDone done) {
+  WorkPool::Shared()->Submit([this, id = std::move(sandbox_id), spec = std::move(spec),
+                              done = std::move(done)]() { done(Attach(id, spec)); });
+}
+
 void ProviderRegistry::Add(std::unique_ptr<Provider> provider) {
   std::string name(provider->name());
   unavailable_.erase(name);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "adapters/api/output.h"
 #include "adapters/api/remote_util.h"
@@ -381,6 +382,25 @@ absl::StatusOr<HttpResponse> DaytonaProvider::Api(const std::string& method,
   return r;
 }
 
+void DaytonaProvider::ApiAsync(const std::string& method, const std::string& path,
+                               const std::string& body, HttpClient::Done done) {
+  SendAsync(ApiRequest(method, path, body), [method, path, done = std::move(done)](
+                                                absl::StatusOr<HttpResponse> r) {
+    if (!r.ok() && r.status().code() != absl::StatusCode::kCancelled) {
+      absl::Status s = absl::UnavailableError(absl::StrCat(
+          "daytona: ", method, " ", path.substr(0, path.find('/', 1)), ": ", r.status().message()));
+      r.status().ForEachPayload(
+          [&](absl::string_view url, const absl::Cord& payload) { s.SetPayload(url, payload); });
+      return done(s);
+    }
+    done(std::move(r));
+  });
+}
+
+void DaytonaProvider::DeleteAsync(const std::string& id) {
+  ApiAsync("DELETE", absl::StrCat("/sandbox/", id), "", [](absl::StatusOr<HttpResponse>) {});
+}
+
 absl::Status DaytonaProvider::DeleteSandbox(const std::string& id) {
   auto resp = Api("DELETE", absl::StrCat("/sandbox/", id), "");
   if (!resp.ok()) return resp.status();
@@ -405,7 +425,7 @@ std::map<std::string, std::string> DaytonaProvider::LabelsOf(const SandboxSpec& 
   return labels;
 }
 
-absl::StatusOr<std::unique_ptr<Sandbox>> DaytonaProvider::Create(const SandboxSpec& spec) {
+absl::StatusOr<std::string> DaytonaProvider::CreateBody(const SandboxSpec& spec) const {
   daytona::CreateParams p;
   p.snapshot = spec.template_name.empty() ? config_.snapshot : spec.template_name;
   p.target = config_.target;
@@ -433,56 +453,189 @@ absl::StatusOr<std::unique_ptr<Sandbox>> DaytonaProvider::Create(const SandboxSp
   if (spec.resources.memory_bytes > 0)
     p.memory_gib = (spec.resources.memory_bytes + kGiB - 1) / kGiB;
   if (spec.resources.disk_bytes > 0) p.disk_gib = (spec.resources.disk_bytes + kGiB - 1) / kGiB;
-  Clock* clock = Clock::Real();
-  const absl::Time deadline = clock->Monotonic() + absl::Seconds(config_.create_timeout_seconds);
-  ASSIGN_OR_RETURN(HttpResponse resp, Api("POST", "/sandbox", daytona::CreateSandboxBody(p)));
-  if (resp.status / 100 != 2) return daytona::HttpError("create sandbox", resp.status, resp.body);
-  ASSIGN_OR_RETURN(daytona::SandboxDto dto, daytona::ParseSandbox(resp.body));
+  return daytona::CreateSandboxBody(p);
+}
 
-  // Wait for "started": poll with backoff (100 ms, x1.1, at most 1 s). On
-  // any failure the half-made sandbox is deleted: nothing is left behind.
+// One Create or Attach, step by step on the HTTP thread and timers: no
+// thread waits while Daytona starts the sandbox.
+struct DaytonaProvider::StartOp : std::enable_shared_from_this<DaytonaProvider::StartOp> {
+  DaytonaProvider* provider;
+  bool attach = false;  // else a create
+  std::string id;       // the sandbox (a create learns it from the POST)
+  SandboxSpec spec;
+  SandboxDone done;
+  absl::Time deadline;
   absl::Duration every = absl::Milliseconds(100);
-  while (dto.state != "started") {
-    if (dto.state == "error" || dto.state == "build_failed") {
-      (void)DeleteSandbox(dto.id);
-      return absl::FailedPreconditionError(
-          absl::StrCat("daytona: sandbox ", dto.id, " failed to start: ", dto.state,
-                       dto.error_reason.empty() ? "" : absl::StrCat(": ", dto.error_reason)));
-    }
-    if (clock->Monotonic() + every > deadline) {
-      (void)DeleteSandbox(dto.id);
-      return absl::DeadlineExceededError(
-          absl::StrCat("daytona: sandbox ", dto.id, " did not start within ",
-                       config_.create_timeout_seconds, " s (state ", dto.state, ")"));
-    }
-    absl::SleepFor(every);
-    every = std::min(every * 1.1, absl::Seconds(1));
-    auto got = Api("GET", absl::StrCat("/sandbox/", dto.id), "");
-    if (!got.ok()) continue;  // transient; the deadline bounds it
-    if (got->status / 100 != 2) {
-      (void)DeleteSandbox(dto.id);
-      return daytona::HttpError("wait for sandbox", got->status, got->body);
-    }
-    auto parsed = daytona::ParseSandbox(got->body);
-    if (parsed.ok()) dto = std::move(*parsed);
+  bool started = false;  // attach: a start was asked for
+  daytona::SandboxDto dto;
+
+  absl::Status Gone() const {
+    return SandboxGoneError(absl::StrCat("daytona: sandbox ", id, " no longer exists"));
   }
-  std::string proxy = dto.toolbox_proxy_url;
-  if (proxy.empty()) {  // SDK >= 0.199 falls back to this call
-    auto r = Api("GET", absl::StrCat("/sandbox/", dto.id, "/toolbox-proxy-url"), "");
-    if (r.ok() && r->status == 200) {
-      nlohmann::json j = nlohmann::json::parse(r->body, nullptr, false);
-      if (!j.is_discarded() && j.is_object() && j.contains("url") && j["url"].is_string()) {
-        proxy = j["url"].get<std::string>();
+  // A create that fails deletes what it made: nothing is left behind.
+  void Fail(absl::Status s) {
+    if (!attach && !id.empty()) provider->DeleteAsync(id);
+    done(std::move(s));
+  }
+
+  // The sandbox's state is `dto`: done, or wait and look again.
+  void Step() {
+    auto self = shared_from_this();
+    if (dto.state == "started") return Proxy();
+    if (dto.state == "error" || dto.state == "build_failed") {
+      if (attach) return Fail(Gone());
+      return Fail(absl::FailedPreconditionError(
+          absl::StrCat("daytona: sandbox ", id, " failed to start: ", dto.state,
+                       dto.error_reason.empty() ? "" : absl::StrCat(": ", dto.error_reason))));
+    }
+    if (attach && (dto.state == "destroyed" || dto.state == "destroying")) return Fail(Gone());
+    if (attach && (dto.state == "stopped" || dto.state == "archived") && !started) {
+      // Stopped by its auto-stop timer while the broker was away: start it.
+      started = true;
+      provider->ApiAsync(
+          "POST", absl::StrCat("/sandbox/", id, "/start"), "",
+          [self](absl::StatusOr<HttpResponse> st) {
+            if (!st.ok()) return self->Fail(st.status());
+            if (st->status == 404) return self->Fail(self->Gone());
+            if (st->status / 100 != 2) {
+              return self->Fail(daytona::HttpError("start sandbox", st->status, st->body));
+            }
+            self->Get();
+          });
+      return;
+    }
+    if (Clock::Real()->Monotonic() + every > deadline) {
+      return Fail(absl::DeadlineExceededError(
+          attach ? absl::StrCat("daytona: sandbox ", id, " did not start (state ", dto.state, ")")
+                 : absl::StrCat("daytona: sandbox ", id, " did not start within ",
+                                provider->config_.create_timeout_seconds, " s (state ", dto.state,
+                                ")")));
+    }
+    // Poll with backoff (100 ms, x1.1, at most 1 s).
+    const absl::Duration wait = every;
+    every = std::min(every * 1.1, absl::Seconds(1));
+    EventLoop::Shared()->After(wait, [self] { self->Get(); });
+  }
+
+  void Get() {
+    auto self = shared_from_this();
+    provider->ApiAsync(
+        "GET", absl::StrCat("/sandbox/", id), "", [self](absl::StatusOr<HttpResponse> got) {
+          if (!got.ok()) {
+            if (self->attach) return self->Fail(got.status());
+            return self->Step();  // transient; the deadline bounds it
+          }
+          if (self->attach && got->status == 404) return self->Fail(self->Gone());
+          if (got->status / 100 != 2) {
+            return self->Fail(daytona::HttpError(self->attach ? "get sandbox" : "wait for sandbox",
+                                                 got->status, got->body));
+          }
+          auto parsed = daytona::ParseSandbox(got->body);
+          if (!parsed.ok()) {
+            if (self->attach) return self->Fail(parsed.status());
+          } else {
+            self->dto = std::move(*parsed);
+          }
+          self->Step();
+        });
+  }
+
+  void Proxy() {
+    if (!dto.toolbox_proxy_url.empty()) return Finish(dto.toolbox_proxy_url);
+    // SDK >= 0.199 falls back to this call.
+    auto self = shared_from_this();
+    provider->ApiAsync(
+        "GET", absl::StrCat("/sandbox/", id, "/toolbox-proxy-url"), "",
+        [self](absl::StatusOr<HttpResponse> r) {
+          std::string proxy;
+          if (r.ok() && r->status == 200) {
+            nlohmann::json j = nlohmann::json::parse(r->body, nullptr, false);
+            if (!j.is_discarded() && j.is_object() && j.contains("url") && j["url"].is_string()) {
+              proxy = j["url"].get<std::string>();
+            }
+          }
+          if (proxy.empty()) {
+            return self->Fail(
+                absl::UnavailableError("daytona: no toolbox proxy URL for the sandbox"));
+          }
+          self->Finish(proxy);
+        });
+  }
+
+  void Finish(const std::string& proxy) {
+    Language language = spec.language;
+    if (attach) {
+      // The language was fixed at creation: its label says which.
+      auto lang = dto.labels.find(daytona::kLanguageLabel);
+      if (lang != dto.labels.end()) {
+        language = lang->second == "javascript" || lang->second == "typescript" ? Language::kNode
+                                                                                : Language::kPython;
       }
     }
-    if (proxy.empty()) {
-      (void)DeleteSandbox(dto.id);
-      return absl::UnavailableError("daytona: no toolbox proxy URL for the sandbox");
-    }
+    std::string toolbox = absl::StrCat(proxy, absl::EndsWith(proxy, "/") ? "" : "/", dto.id);
+    done(std::unique_ptr<Sandbox>(
+        new DaytonaSandbox(provider, dto.id, std::move(toolbox), language, spec)));
   }
-  std::string toolbox = absl::StrCat(proxy, absl::EndsWith(proxy, "/") ? "" : "/", dto.id);
-  return std::unique_ptr<Sandbox>(
-      new DaytonaSandbox(this, dto.id, std::move(toolbox), spec.language, spec));
+};
+
+void DaytonaProvider::CreateAsync(SandboxSpec spec, SandboxDone done) {
+  absl::StatusOr<std::string> body = CreateBody(spec);
+  if (!body.ok()) return done(body.status());
+  auto op = std::make_shared<StartOp>();
+  op->provider = this;
+  op->spec = std::move(spec);
+  op->done = std::move(done);
+  op->deadline = Clock::Real()->Monotonic() + absl::Seconds(config_.create_timeout_seconds);
+  ApiAsync("POST", "/sandbox", *body, [op](absl::StatusOr<HttpResponse> resp) {
+    if (!resp.ok()) return op->done(resp.status());
+    if (resp->status / 100 != 2) {
+      return op->done(daytona::HttpError("create sandbox", resp->status, resp->body));
+    }
+    absl::StatusOr<daytona::SandboxDto> dto = daytona::ParseSandbox(resp->body);
+    if (!dto.ok()) return op->done(dto.status());
+    op->dto = std::move(*dto);
+    op->id = op->dto.id;
+    op->Step();
+  });
+}
+
+void DaytonaProvider::AttachAsync(std::string sandbox_id, SandboxSpec spec, SandboxDone done) {
+  if (sandbox_id.empty() || sandbox_id.find_first_of("/?#% ") != std::string::npos) {
+    return done(absl::InvalidArgumentError(
+        absl::StrCat("daytona: \"", sandbox_id, "\" is not a sandbox id")));
+  }
+  auto op = std::make_shared<StartOp>();
+  op->provider = this;
+  op->attach = true;
+  op->id = std::move(sandbox_id);
+  op->spec = std::move(spec);
+  op->done = std::move(done);
+  op->deadline = Clock::Real()->Monotonic() + absl::Seconds(config_.create_timeout_seconds);
+  op->Get();
+}
+
+namespace {
+// Waits for an asynchronous create or attach (never on the HTTP thread).
+absl::StatusOr<std::unique_ptr<Sandbox>> Await(
+    const std::function<void(Provider::SandboxDone)>& start) {
+  absl::Notification settled;
+  absl::StatusOr<std::unique_ptr<Sandbox>> out = absl::UnknownError("unset");
+  start([&](absl::StatusOr<std::unique_ptr<Sandbox>> r) {
+    out = std::move(r);
+    settled.Notify();
+  });
+  settled.WaitForNotification();
+  return out;
+}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Sandbox>> DaytonaProvider::Create(const SandboxSpec& spec) {
+  return Await([&](SandboxDone done) { CreateAsync(spec, std::move(done)); });
+}
+
+absl::StatusOr<std::unique_ptr<Sandbox>> DaytonaProvider::Attach(const std::string& sandbox_id,
+                                                                 const SandboxSpec& spec) {
+  return Await([&](SandboxDone done) { AttachAsync(sandbox_id, spec, std::move(done)); });
 }
 
 // ---- warm pools --------------------------------------------------------------
@@ -522,69 +675,6 @@ absl::StatusOr<std::unique_ptr<Sandbox>> DaytonaProvider::Claim(Sandbox* member,
 }
 
 // ---- durable sessions ------------------------------------------------------
-
-absl::StatusOr<std::unique_ptr<Sandbox>> DaytonaProvider::Attach(const std::string& sandbox_id,
-                                                                 const SandboxSpec& spec) {
-  if (sandbox_id.empty() || sandbox_id.find_first_of("/?#% ") != std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("daytona: \"", sandbox_id, "\" is not a sandbox id"));
-  }
-  auto gone = [&] {
-    return SandboxGoneError(absl::StrCat("daytona: sandbox ", sandbox_id, " no longer exists"));
-  };
-  Clock* clock = Clock::Real();
-  const absl::Time deadline = clock->Monotonic() + absl::Seconds(config_.create_timeout_seconds);
-  absl::Duration every = absl::Milliseconds(100);
-  bool started = false;
-  daytona::SandboxDto dto;
-  while (true) {
-    ASSIGN_OR_RETURN(HttpResponse got, Api("GET", absl::StrCat("/sandbox/", sandbox_id), ""));
-    if (got.status == 404) return gone();
-    if (got.status / 100 != 2) return daytona::HttpError("get sandbox", got.status, got.body);
-    ASSIGN_OR_RETURN(dto, daytona::ParseSandbox(got.body));
-    if (dto.state == "started") break;
-    if (dto.state == "destroyed" || dto.state == "destroying" || dto.state == "error" ||
-        dto.state == "build_failed") {
-      return gone();
-    }
-    if ((dto.state == "stopped" || dto.state == "archived") && !started) {
-      // Stopped by its auto-stop timer while the broker was away: start it.
-      ASSIGN_OR_RETURN(HttpResponse st,
-                       Api("POST", absl::StrCat("/sandbox/", sandbox_id, "/start"), ""));
-      if (st.status == 404) return gone();
-      if (st.status / 100 != 2) return daytona::HttpError("start sandbox", st.status, st.body);
-      started = true;
-      continue;
-    }
-    if (clock->Monotonic() + every > deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("daytona: sandbox ", sandbox_id, " did not start (state ", dto.state, ")"));
-    }
-    absl::SleepFor(every);
-    every = std::min(every * 1.1, absl::Seconds(1));
-  }
-  std::string proxy = dto.toolbox_proxy_url;
-  if (proxy.empty()) {
-    auto r = Api("GET", absl::StrCat("/sandbox/", sandbox_id, "/toolbox-proxy-url"), "");
-    if (r.ok() && r->status == 200) {
-      nlohmann::json j = nlohmann::json::parse(r->body, nullptr, false);
-      if (j.is_object() && j.contains("url") && j["url"].is_string()) {
-        proxy = j["url"].get<std::string>();
-      }
-    }
-    if (proxy.empty()) return absl::UnavailableError("daytona: no toolbox proxy URL");
-  }
-  // The language was fixed at creation: its label says which.
-  Language language = spec.language;
-  auto lang = dto.labels.find(daytona::kLanguageLabel);
-  if (lang != dto.labels.end()) {
-    language = lang->second == "javascript" || lang->second == "typescript" ? Language::kNode
-                                                                            : Language::kPython;
-  }
-  std::string toolbox = absl::StrCat(proxy, absl::EndsWith(proxy, "/") ? "" : "/", dto.id);
-  return std::unique_ptr<Sandbox>(
-      new DaytonaSandbox(this, dto.id, std::move(toolbox), language, spec));
-}
 
 absl::StatusOr<std::vector<OwnedSandbox>> DaytonaProvider::ListOwned(
     const std::string& deployment_id) {

@@ -50,6 +50,11 @@ class DaytonaProvider final : public Provider {
 
   absl::string_view name() const override { return "daytona"; }
   absl::StatusOr<std::unique_ptr<Sandbox>> Create(const SandboxSpec& spec) override;
+  // Create and Attach as a chain of asynchronous requests and timers (the
+  // wait for "started" included): no thread waits. Create and Attach wait
+  // for them.
+  void CreateAsync(SandboxSpec spec, SandboxDone done) override;
+  void AttachAsync(std::string sandbox_id, SandboxSpec spec, SandboxDone done) override;
   // The control plane answers an authenticated list (429 counts as up).
   absl::Status CheckHealth() override;
   // Durable sessions: get by id (starting it when its auto-stop stopped it;
@@ -80,10 +85,18 @@ class DaytonaProvider final : public Provider {
   // An API request: `path` is relative to api_url.
   absl::StatusOr<HttpResponse> Api(const std::string& method, const std::string& path,
                                    const std::string& body);
+  // Api without holding a thread; `done` runs on the HTTP thread.
+  void ApiAsync(const std::string& method, const std::string& path, const std::string& body,
+                HttpClient::Done done);
 
  private:
   explicit DaytonaProvider(DaytonaConfig config);
   absl::Status DeleteSandbox(const std::string& id);
+  // Deletes without waiting for the answer (a half-made sandbox).
+  void DeleteAsync(const std::string& id);
+  // Create's request body; FAILED_PRECONDITION for what Daytona cannot do.
+  absl::StatusOr<std::string> CreateBody(const SandboxSpec& spec) const;
+  struct StartOp;
   // The labels a sandbox for `spec` carries.
   std::map<std::string, std::string> LabelsOf(const SandboxSpec& spec) const;
 

@@ -15,6 +15,7 @@
 #include "adapters/e2b/e2b_wire.h"
 #include "common/clock.h"
 #include "common/config_reader.h"
+#include "common/event_loop.h"
 #include "common/status_macros.h"
 #include "common/text.h"
 
@@ -471,7 +472,47 @@ absl::StatusOr<HttpResponse> E2BProvider::ControlRequest(const std::string& meth
   }
 }
 
-absl::StatusOr<std::unique_ptr<Sandbox>> E2BProvider::Create(const SandboxSpec& spec) {
+void E2BProvider::ControlRequestAsync(const std::string& method, const std::string& path,
+                                      const std::string& body, HttpClient::Done done) {
+  auto http = std::make_shared<HttpRequest>();
+  http->method = method;
+  http->url = absl::StrCat(config_.api_url, path);
+  http->headers = {{"X-API-KEY", config_.api_key}};
+  if (!body.empty()) http->headers.push_back({"Content-Type", "application/json"});
+  http->body = body;
+  const absl::Duration budget = absl::Seconds(config_.request_timeout_seconds);
+  const absl::Time start = Clock::Real()->Monotonic();
+  // One attempt; a 429 with Retry-After within budget tries again from a
+  // timer (no thread sleeps), as ControlRequest does.
+  auto attempt = std::make_shared<std::function<void(int)>>();
+  std::weak_ptr<std::function<void(int)>> weak = attempt;
+  *attempt = [this, http, method, path, budget, start, done, weak](int n) {
+    http->timeout = budget - (Clock::Real()->Monotonic() - start);
+    if (http->timeout <= absl::ZeroDuration()) {
+      return done(absl::DeadlineExceededError("e2b: request timed out"));
+    }
+    auto self = weak.lock();
+    http_->SendAsync(*http, [this, method, path, budget, start, done, self,
+                             n](absl::StatusOr<HttpResponse> resp) {
+      if (!resp.ok()) {
+        return done(absl::UnavailableError(absl::StrCat("e2b: ", method, " ",
+                                                        path.substr(0, path.find('/', 1)), ": ",
+                                                        resp.status().message())));
+      }
+      int64_t retry_after = -1;
+      if (resp->status != 429 || n >= config_.retries ||
+          !absl::SimpleAtoi(resp->Header("retry-after"), &retry_after) || retry_after < 0 ||
+          Clock::Real()->Monotonic() - start + absl::Seconds(retry_after) >= budget) {
+        return done(std::move(resp));
+      }
+      EventLoop::Shared()->After(absl::Seconds(retry_after), [self, n] { (*self)(n + 1); });
+    });
+  };
+  (*attempt)(0);
+}
+
+absl::StatusOr<std::string> E2BProvider::CreateBody(const SandboxSpec& spec,
+                                                    int64_t* timeout_out) const {
   if (!spec.resources.empty()) {
     return absl::FailedPreconditionError(
         "e2b: spec.resources cannot be set: an E2B sandbox's CPU, memory and disk are decided "
@@ -494,11 +535,33 @@ absl::StatusOr<std::unique_ptr<Sandbox>> E2BProvider::Create(const SandboxSpec& 
   }
   const std::string template_id =
       spec.template_name.empty() ? config_.template_id : spec.template_name;
-  const std::string body = e2b::CreateSandboxBody(template_id, timeout, metadata, spec.env);
-  ASSIGN_OR_RETURN(HttpResponse resp, ControlRequest("POST", "/v2/sandboxes", body));
-  if (resp.status / 100 != 2) return e2b::HttpError("create sandbox", resp.status, resp.body);
-  ASSIGN_OR_RETURN(e2b::SandboxInfo info, e2b::ParseSandbox(resp.body));
+  *timeout_out = timeout;
+  return e2b::CreateSandboxBody(template_id, timeout, metadata, spec.env);
+}
+
+absl::StatusOr<std::unique_ptr<Sandbox>> E2BProvider::Created(const SandboxSpec& spec,
+                                                              int64_t timeout,
+                                                              absl::StatusOr<HttpResponse> resp) {
+  if (!resp.ok()) return resp.status();
+  if (resp->status / 100 != 2) return e2b::HttpError("create sandbox", resp->status, resp->body);
+  ASSIGN_OR_RETURN(e2b::SandboxInfo info, e2b::ParseSandbox(resp->body));
   return std::unique_ptr<Sandbox>(new E2BSandbox(this, std::move(info), spec, timeout));
+}
+
+absl::StatusOr<std::unique_ptr<Sandbox>> E2BProvider::Create(const SandboxSpec& spec) {
+  int64_t timeout = 0;
+  ASSIGN_OR_RETURN(std::string body, CreateBody(spec, &timeout));
+  return Created(spec, timeout, ControlRequest("POST", "/v2/sandboxes", body));
+}
+
+void E2BProvider::CreateAsync(SandboxSpec spec, SandboxDone done) {
+  int64_t timeout = 0;
+  absl::StatusOr<std::string> body = CreateBody(spec, &timeout);
+  if (!body.ok()) return done(body.status());
+  ControlRequestAsync(
+      "POST", "/v2/sandboxes", *body,
+      [this, spec = std::move(spec), timeout, done = std::move(done)](
+          absl::StatusOr<HttpResponse> resp) { done(Created(spec, timeout, std::move(resp))); });
 }
 
 // ---- warm pools --------------------------------------------------------------
@@ -528,20 +591,44 @@ absl::StatusOr<std::unique_ptr<Sandbox>> E2BProvider::Claim(Sandbox* member,
 
 absl::StatusOr<std::unique_ptr<Sandbox>> E2BProvider::Attach(const std::string& sandbox_id,
                                                              const SandboxSpec& spec) {
+  RETURN_IF_ERROR(CheckSandboxId(sandbox_id));
+  // Connect resumes a paused sandbox and extends a running one's timeout.
+  return Attached(sandbox_id, spec,
+                  ControlRequest("POST", absl::StrCat("/v2/sandboxes/", sandbox_id, "/connect"),
+                                 ConnectBody()));
+}
+
+void E2BProvider::AttachAsync(std::string sandbox_id, SandboxSpec spec, SandboxDone done) {
+  if (absl::Status s = CheckSandboxId(sandbox_id); !s.ok()) return done(s);
+  const std::string path = absl::StrCat("/v2/sandboxes/", sandbox_id, "/connect");
+  ControlRequestAsync("POST", path, ConnectBody(),
+                      [this, sandbox_id = std::move(sandbox_id), spec = std::move(spec),
+                       done = std::move(done)](absl::StatusOr<HttpResponse> resp) {
+                        done(Attached(sandbox_id, spec, std::move(resp)));
+                      });
+}
+
+absl::Status E2BProvider::CheckSandboxId(const std::string& sandbox_id) {
   if (sandbox_id.empty() || sandbox_id.find_first_of("/?#% ") != std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("e2b: \"", sandbox_id, "\" is not a sandbox id"));
   }
-  // Connect resumes a paused sandbox and extends a running one's timeout.
-  ASSIGN_OR_RETURN(
-      HttpResponse resp,
-      ControlRequest("POST", absl::StrCat("/v2/sandboxes/", sandbox_id, "/connect"),
-                     absl::StrCat("{\"timeout\":", config_.sandbox_timeout_seconds, "}")));
-  if (resp.status == 404) {
+  return absl::OkStatus();
+}
+
+std::string E2BProvider::ConnectBody() const {
+  return absl::StrCat("{\"timeout\":", config_.sandbox_timeout_seconds, "}");
+}
+
+absl::StatusOr<std::unique_ptr<Sandbox>> E2BProvider::Attached(const std::string& sandbox_id,
+                                                               const SandboxSpec& spec,
+                                                               absl::StatusOr<HttpResponse> resp) {
+  if (!resp.ok()) return resp.status();
+  if (resp->status == 404) {
     return SandboxGoneError(absl::StrCat("e2b: sandbox ", sandbox_id, " no longer exists"));
   }
-  if (resp.status / 100 != 2) return e2b::HttpError("connect sandbox", resp.status, resp.body);
-  ASSIGN_OR_RETURN(e2b::SandboxInfo info, e2b::ParseSandbox(resp.body));
+  if (resp->status / 100 != 2) return e2b::HttpError("connect sandbox", resp->status, resp->body);
+  ASSIGN_OR_RETURN(e2b::SandboxInfo info, e2b::ParseSandbox(resp->body));
   if (info.sandbox_id.empty()) info.sandbox_id = sandbox_id;
   return std::unique_ptr<Sandbox>(
       new E2BSandbox(this, std::move(info), spec, config_.sandbox_timeout_seconds));

@@ -45,6 +45,9 @@ class E2BProvider final : public Provider {
 
   absl::string_view name() const override { return "e2b"; }
   absl::StatusOr<std::unique_ptr<Sandbox>> Create(const SandboxSpec& spec) override;
+  // Create and Attach on the HTTP client's multi handle: no thread waits.
+  void CreateAsync(SandboxSpec spec, SandboxDone done) override;
+  void AttachAsync(std::string sandbox_id, SandboxSpec spec, SandboxDone done) override;
   // The control plane answers an authenticated list (429 counts as up).
   absl::Status CheckHealth() override;
   // Durable sessions: connect by id (resumes a paused sandbox, extends its
@@ -69,9 +72,24 @@ class E2BProvider final : public Provider {
   // A control-plane request with the API key, retrying 429 + Retry-After.
   absl::StatusOr<HttpResponse> ControlRequest(const std::string& method, const std::string& path,
                                               const std::string& body);
+  // The same without a thread: `done` runs on the HTTP thread; a 429 is
+  // retried from a timer.
+  void ControlRequestAsync(const std::string& method, const std::string& path,
+                           const std::string& body, HttpClient::Done done);
 
  private:
   explicit E2BProvider(E2BConfig config);
+  // Create's request body (and the sandbox's E2B timeout), and the sandbox
+  // its response makes.
+  absl::StatusOr<std::string> CreateBody(const SandboxSpec& spec, int64_t* timeout) const;
+  absl::StatusOr<std::unique_ptr<Sandbox>> Created(const SandboxSpec& spec, int64_t timeout,
+                                                   absl::StatusOr<HttpResponse> resp);
+  // Attach's id check, connect body, and the sandbox its response makes.
+  static absl::Status CheckSandboxId(const std::string& sandbox_id);
+  std::string ConnectBody() const;
+  absl::StatusOr<std::unique_ptr<Sandbox>> Attached(const std::string& sandbox_id,
+                                                    const SandboxSpec& spec,
+                                                    absl::StatusOr<HttpResponse> resp);
 
   const E2BConfig config_;
   std::shared_ptr<HttpClient> http_;

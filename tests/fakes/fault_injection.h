@@ -25,6 +25,10 @@ struct Faults {
   // create (widens the window between a provider's create and the caller's
   // next step, for crash tests).
   std::atomic<int> create_latency_ms{0};
+  // While nonzero, creates wait (after the sandbox exists, before the reply)
+  // until it is set to 0: a test sees how many creates are in flight at
+  // once, then lets them go.
+  std::atomic<int> hold_creates{0};
   std::atomic<int64_t> requests{0};
   // Sandboxes created and deleted (by a DELETE) so far.
   std::atomic<int64_t> creates{0};
@@ -63,6 +67,7 @@ struct Faults {
     const std::pair<const char*, std::atomic<int>*> fields[] = {
         {"latency_ms", &latency_ms},
         {"create_latency_ms", &create_latency_ms},
+        {"hold_creates", &hold_creates},
         {"fail_next", &fail_next},
         {"error_every_n", &error_every_n},
         {"rate_limit_next", &rate_limit_next},
@@ -91,9 +96,11 @@ struct Faults {
     return true;
   }
 
-  // Sleeps create_latency_ms (after the sandbox exists, before the reply).
+  // Sleeps create_latency_ms (after the sandbox exists, before the reply),
+  // and waits while hold_creates is set.
   void CreateLatency() {
     if (int ms = create_latency_ms.load(); ms > 0) absl::SleepFor(absl::Milliseconds(ms));
+    while (hold_creates.load() != 0) absl::SleepFor(absl::Milliseconds(2));
   }
 
   // Applies the switches to one request. `error(res, status, message)`

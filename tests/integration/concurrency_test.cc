@@ -13,6 +13,7 @@
 #include "common/event_loop.h"
 #include "common/limiter.h"
 #include "prometheus/text_serializer.h"
+#include "tests/fakes/fake_daytona.h"
 #include "tests/fakes/fake_e2b.h"
 #include "tests/testing/broker_fixture.h"
 
@@ -104,7 +105,10 @@ class Calls {
   int order_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-class ConcurrencyTest : public BrokerFixture {};
+class ConcurrencyTest : public BrokerFixture {
+ protected:
+  void CreatesAllReachTheProvider(Faults& faults);
+};
 
 TEST_F(ConcurrencyTest, HeldCallsHoldNoThreads) {
   StartBroker(R"({"default_provider": "echo", "providers": {"echo": {"hold_ms": 3000}}})");
@@ -357,6 +361,62 @@ TEST_F(ConcurrencyTest, FirstCallsForOneSessionShareOneCreateAndWaitWithoutThrea
   // thread each.
   EXPECT_LT(during - before, 16) << before << " -> " << during;
   server_.reset();  // before the fake
+}
+
+// A remote create holds no thread while the provider works: with only 4
+// blocking threads, 24 new sessions' creates are at the provider at once.
+// Waited for by condition (the fake holds every create until released).
+void ConcurrencyTest::CreatesAllReachTheProvider(Faults& faults) {
+  faults.hold_creates = 1;
+  constexpr int kSessions = 24;
+  Calls calls(stub_.get());
+  for (int i = 0; i < kSessions; ++i) {
+    calls.Run(absl::StrCat("s", i), absl::StrCat("print(", i, ")"));
+  }
+  // A create that held one of the 4 threads would stop this at 4.
+  EXPECT_TRUE(WaitFor([&] { return faults.creates_in_flight.load() == kSessions; }))
+      << faults.creates_in_flight.load() << " creates in flight";
+  faults.hold_creates = 0;
+  calls.Wait();
+  for (int i = 0; i < kSessions; ++i) {
+    ASSERT_TRUE(calls.status(i).ok()) << i << ": " << calls.status(i).error_message();
+    EXPECT_EQ(calls.output(i), absl::StrCat(i, "\n"));
+  }
+  EXPECT_EQ(faults.creates.load(), kSessions);
+  server_.reset();  // before the fake
+}
+
+TEST_F(ConcurrencyTest, E2BCreatesHoldNoThreadWhileTheProviderWorks) {
+  FakeE2B::Options o;
+  o.api_key = "e2b_test_key";
+  o.ttl_thread = false;
+  auto fake = FakeE2B::Start(o);
+  ASSERT_TRUE(fake.ok()) << fake.status();
+  nlohmann::json extra = {{"default_provider", "e2b"},
+                          {"max_threads", 4},
+                          {"max_sessions_per_tenant", 100},
+                          {"providers",
+                           {{"e2b",
+                             {{"api_key", "e2b_test_key"},
+                              {"api_url", (*fake)->url()},
+                              {"sandbox_url", (*fake)->url()}}}}}};
+  StartBroker(extra.dump());
+  CreatesAllReachTheProvider((*fake)->faults());
+}
+
+TEST_F(ConcurrencyTest, DaytonaCreatesHoldNoThreadWhileTheProviderWorks) {
+  FakeDaytona::Options o;
+  o.api_key = "dtn_test_key";
+  o.timer_thread = false;
+  auto fake = FakeDaytona::Start(o);
+  ASSERT_TRUE(fake.ok()) << fake.status();
+  nlohmann::json extra = {
+      {"default_provider", "daytona"},
+      {"max_threads", 4},
+      {"max_sessions_per_tenant", 100},
+      {"providers", {{"daytona", {{"api_key", "dtn_test_key"}, {"api_url", (*fake)->api_url()}}}}}};
+  StartBroker(extra.dump());
+  CreatesAllReachTheProvider((*fake)->faults());
 }
 
 TEST(LimiterTest, GrantsInOrderAndHoldsNoThreadWhileQueued) {
