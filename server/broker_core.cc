@@ -83,6 +83,10 @@ absl::StatusOr<std::string> Decode(const std::string& contents, pb::Encoding enc
 
 }  // namespace
 
+bool BrokerCore::ValidContents(const std::string& contents, pb::Encoding encoding) {
+  return Decode(contents, encoding, "contents").ok();
+}
+
 absl::Status ValidateSessionId(const std::string& id) {
   if (id.empty() || id.size() > 128) {
     return absl::InvalidArgumentError("session_id must be 1-128 characters of [A-Za-z0-9._:-]");
@@ -510,6 +514,57 @@ void BrokerCore::AcquireAsync(std::shared_ptr<ExecPlan> shared, RunDone done) {
     return;
   }
   Start(shared, std::move(done));
+}
+
+void BrokerCore::EnsureSessionAsync(const CallContext& ctx, const std::string& session_id,
+                                    const pb::SessionSpec& spec,
+                                    const std::function<bool()>& valid,
+                                    std::function<void(absl::Status)> then) {
+  if (!ValidateSessionId(session_id).ok()) return then(absl::OkStatus());
+  {
+    // The common case: the sandbox is there.
+    bool busy = false;
+    if (sessions_->TryAcquire(ctx.tenant, session_id, nullptr, &busy).ok()) {
+      return then(absl::OkStatus());
+    }
+  }
+  // The method's checks, in its order. Admission and the create options
+  // have no side effects when they pass; a refusal is audited once, here,
+  // and is the answer.
+  absl::StatusOr<Admission> adm = Admit(ctx);
+  if (!adm.ok()) return then(adm.status());
+  if (!valid()) return then(absl::OkStatus());
+  auto create = std::make_shared<CreateOptions>();
+  {
+    absl::StatusOr<CreateOptions> o = CreateOptionsFor(ctx, *adm, spec);
+    if (!o.ok()) return then(o.status());
+    *create = std::move(*o);
+  }
+  bool would_block = false;
+  {
+    absl::StatusOr<Lease> lease = sessions_->TryAcquire(ctx.tenant, session_id, create.get(),
+                                                        &would_block);
+    // Ready (or a conflict the method reports itself): nothing to create.
+    if (!would_block) return then(absl::OkStatus());
+  }
+  auto settled = std::make_shared<std::function<void(absl::Status)>>(std::move(then));
+  if (sessions_->WaitForCreation(ctx.tenant, session_id, [settled](absl::Status s) {
+        // Another call's creation: its failure is this call's answer too.
+        (*settled)(s);
+      })) {
+    return;
+  }
+  blocking_->Submit([this, ctx, session_id, create, settled] {
+    std::optional<RequestIdScope> scope;
+    if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
+    sessions_->AcquireAsync(ctx.tenant, session_id, create.get(),
+                            [this, ctx, create, settled](absl::StatusOr<Lease> lease) {
+                              lease = RefusedIfMaxSessions(ctx, create.get(), std::move(lease));
+                              absl::Status s = lease.status();
+                              if (lease.ok()) lease->Release();
+                              (*settled)(s);
+                            });
+  });
 }
 
 void BrokerCore::Start(std::shared_ptr<ExecPlan> plan, RunDone done) {

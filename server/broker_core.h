@@ -91,6 +91,19 @@ class BrokerCore {
   void RunStreamAsync(const CallContext& ctx, const pb::RunRequest& req,
                       std::function<void(OutputStream, absl::string_view)> on_chunk,
                       std::function<bool(std::function<void()>)> output_ready, RunDone done);
+  // For StartSession, WriteFile and ReadFile, whose file transfer blocks:
+  // when `session_id` has no sandbox yet, creates it first the way Run does
+  // (holding no thread while the provider works), then calls `then` with
+  // OK (call the blocking method now: the session is ready, or the request
+  // is invalid and the method says why) or the create's error (the answer;
+  // do not call the method). `valid` is the method's own checks before it
+  // would create (e.g. a non-empty path), so an invalid request never
+  // creates anything.
+  // Whether WriteFile's contents decode in `encoding`.
+  static bool ValidContents(const std::string& contents, pb::Encoding encoding);
+  void EnsureSessionAsync(const CallContext& ctx, const std::string& session_id,
+                          const pb::SessionSpec& spec, const std::function<bool()>& valid,
+                          std::function<void(absl::Status)> then);
   // The pool for work that blocks (set before serving; default
   // WorkPool::Shared()).
   void SetBlockingPool(WorkPool* pool) { blocking_ = pool; }

@@ -53,8 +53,22 @@ BrokerService::BrokerService(BrokerCore* core, const Authenticator* auth, Clock*
         [core, call](const CallContext& cc, auto req, auto done) { done((core->*call)(cc, *req)); };
   };
   (void)sizeof(M);
-  RegisterUnary<pb::StartSessionRequest, pb::SessionInfo>(0, "StartSession",
-                                                          blocking(&BrokerCore::StartSession));
+  // A new session's create holds no thread while the provider works; the
+  // file transfer that follows runs on the pool.
+  auto creating = [core](auto call, auto valid) {
+    return [core, call, valid](const CallContext& cc, auto req, auto done) {
+      core->EnsureSessionAsync(
+          cc, req->session_id(), req->spec(), [&req, &valid] { return valid(*req); },
+          [core, call, cc, req, done](absl::Status created) {
+            if (!created.ok()) return done(created);
+            core->blocking_pool()->Submit(
+                [core, call, cc, req, done] { done((core->*call)(cc, *req)); });
+          });
+    };
+  };
+  RegisterUnary<pb::StartSessionRequest, pb::SessionInfo>(
+      0, "StartSession",
+      creating(&BrokerCore::StartSession, [](const pb::StartSessionRequest&) { return true; }));
   RegisterUnary<pb::CloseSessionRequest, pb::CloseSessionResponse>(
       1, "CloseSession", blocking(&BrokerCore::CloseSession));
   RegisterUnary<pb::GetSessionRequest, pb::SessionInfo>(2, "GetSession",
@@ -79,10 +93,16 @@ BrokerService::BrokerService(BrokerCore* core, const Authenticator* auth, Clock*
         core->ShellAsync(cc, *req,
                          [req, done](absl::StatusOr<pb::RunResult> r) { done(std::move(r)); });
       });
-  RegisterUnary<pb::WriteFileRequest, pb::WriteFileResponse>(6, "WriteFile",
-                                                             blocking(&BrokerCore::WriteFile));
-  RegisterUnary<pb::ReadFileRequest, pb::ReadFileResponse>(7, "ReadFile",
-                                                           blocking(&BrokerCore::ReadFile));
+  RegisterUnary<pb::WriteFileRequest, pb::WriteFileResponse>(
+      6, "WriteFile",
+      creating(&BrokerCore::WriteFile, [](const pb::WriteFileRequest& r) {
+        return !r.path().empty() && BrokerCore::ValidContents(r.contents(), r.encoding());
+      }));
+  RegisterUnary<pb::ReadFileRequest, pb::ReadFileResponse>(
+      7, "ReadFile", creating(&BrokerCore::ReadFile, [](const pb::ReadFileRequest& r) {
+        return !r.path().empty() &&
+               (r.encoding() == pb::ENCODING_UTF8 || r.encoding() == pb::ENCODING_BASE64);
+      }));
   MarkMethodRawCallback(
       8, new grpc::internal::CallbackServerStreamingHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
              [this](grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {

@@ -168,6 +168,11 @@ absl::Status CgroupFs::CreateSandbox(const std::string& name, const CgroupLimits
     if (absl::Status s = Put(parent + "/cgroup.subtree_control", enable); !s.ok()) return s;
     const std::string d = parent + "/" + name;
     if (absl::Status s = MkDir(d); !s.ok()) return s;
+    // Memory accounting in the sandbox's children too, so that each run's
+    // memory.events counts its own OOM kills (best effort: without it a run
+    // sees the sandbox's count). The sandbox's group itself never holds a
+    // process (init and runs are in children), as v2 requires.
+    (void)Put(d + "/cgroup.subtree_control", "+memory");
     absl::Status s =
         Put(d + "/memory.max",
             limits.memory_bytes > 0 ? absl::StrCat(limits.memory_bytes) : std::string("max"));
@@ -219,15 +224,18 @@ absl::StatusOr<std::vector<int>> CgroupFs::CreateChild(const std::string& name,
   std::vector<int> fds;
   std::vector<std::string> dirs = Dirs(name, child);
   if (version_ == 1) {
-    // Each v1 hierarchy is one more migration (and RCU grace period) per
-    // run: runs get their own group only where it matters, in pids (the
-    // kill set). init joins the sandbox's own group in the others, so runs
-    // inherit it for memory (OOM counts) and cpu.
+    // Each v1 hierarchy is one more migration (and RCU grace period): a run
+    // joins its own group in pids (the kill set) and memory (v1 counts OOM
+    // kills per group, not up the tree, so that is how a run knows its own),
+    // and stays in the sandbox's cpu groups, which init joins and runs
+    // inherit. The moves happen in init's spare, before the run is sent.
     dirs = {PidsDir(name, child)};
     if (child == "init") {
       for (const std::string& b : {mem_, cpu_, cpuacct_}) {
         if (!b.empty()) dirs.push_back(absl::StrCat(b, "/", parent_, "/", name));
       }
+    } else {
+      dirs.push_back(absl::StrCat(MemDir(name), "/", child));
     }
   }
   for (const auto& d : dirs) {
@@ -303,9 +311,19 @@ CgroupUsage CgroupFs::Usage(const std::string& name) const {
 
 int64_t CgroupFs::OomKills(const std::string& name, const std::string& child) const {
   const std::string m = MemDir(name);
-  if (version_ == 2) return Field(Slurp(m + "/memory.events"), "oom_kill");
+  const std::string own = child.empty() ? "" : absl::StrCat(m, "/", child);
+  if (version_ == 2) {
+    // memory.events is hierarchical: a run's group counts its processes'.
+    if (!own.empty() && PathExists(own + "/memory.events")) {
+      return Field(Slurp(own + "/memory.events"), "oom_kill");
+    }
+    return Field(Slurp(m + "/memory.events"), "oom_kill");
+  }
+  // v1 counts each kill in the killed process's own group only.
+  if (!own.empty() && PathExists(own + "/memory.oom_control")) {
+    return Field(Slurp(own + "/memory.oom_control"), "oom_kill");
+  }
   int64_t n = 0;
-  (void)child;
   for (const auto& d : WithSubdirs(m)) {
     n += Field(Slurp(d + "/memory.oom_control"), "oom_kill");
   }

@@ -46,8 +46,9 @@ class CgroupFs {
   absl::Status CreateSandbox(const std::string& name, const CgroupLimits& limits) const;
   // Creates a child group ("init", "run-3"); its cgroup.procs files opened
   // for writing (O_CLOEXEC; the caller closes them). v2: one. v1: the
-  // child in the pids hierarchy only (the kill set), plus for "init" the
-  // sandbox's own group in memory, cpu and cpuacct, which runs inherit.
+  // child in the pids (the kill set) and memory (OOM kills) hierarchies;
+  // for "init" the child in pids plus the sandbox's own group in memory,
+  // cpu and cpuacct.
   absl::StatusOr<std::vector<int>> CreateChild(const std::string& name,
                                                const std::string& child) const;
   // SIGKILLs every process of the group (child empty = the whole sandbox)
@@ -59,10 +60,12 @@ class CgroupFs {
   // Kill first. Missing is success.
   absl::Status Remove(const std::string& name, const std::string& child = "") const;
   CgroupUsage Usage(const std::string& name) const;
-  // Processes killed by the memory limit in the whole sandbox: v2's
+  // Processes killed by the memory limit: of the child group ("run-3")
+  // when it has its own count (v2: memory enabled for the sandbox's
+  // children; v1: the run's memory group), else of the whole sandbox (v2's
   // memory.events is hierarchical; v1's memory.oom_control counts per group,
-  // so it is summed over the sandbox's groups. Compare before and after a
-  // run (`child` is unused).
+  // so it is summed over the sandbox's groups). Compare before and after a
+  // run.
   int64_t OomKills(const std::string& name, const std::string& child) const;
   // Whether the group exists (e.g. left by a crashed broker).
   bool Exists(const std::string& name) const;

@@ -403,39 +403,19 @@ class LocalSandbox final : public Sandbox {
     field(absl::StrCat(env.size()));
     for (const auto& [k, v] : env) field(absl::StrCat(k, "=", v));
 
-    std::string run_cg;
     {
       absl::MutexLock l(&mu_);
       if (destroyed_) return absl::FailedPreconditionError("local: sandbox is closed");
       ++running_;
-      // An empty group of an earlier run is reused: no mkdir/rmdir per run.
-      if (!idle_run_cgroups_.empty()) {
-        run_cg = std::move(idle_run_cgroups_.back());
-        idle_run_cgroups_.pop_back();
-      } else {
-        run_cg = absl::StrCat("run-", ++run_seq_);
-      }
     }
     RunStart st;
-    st.run_cg = run_cg;
     st.room_before = Room();
     absl::Cleanup undo = [this] {
       absl::MutexLock l(&mu_);
       --running_;
     };
-    std::vector<int> cg_fds;
-    if (cg_) {
-      ASSIGN_OR_RETURN(cg_fds, cg_->CreateChild(p_.id, run_cg));
-      st.oom_before = cg_->OomKills(p_.id, run_cg);
-    }
-    field(absl::StrCat(cg_fds.size()));
-    field(has_fd3 ? "1" : "0");
-    field(absl::StrCat(cfg.open_files));
-
-    absl::Status sent = SendRun(msg, stdin_data, has_fd3 ? &fd3_data : nullptr, cg_fds,
-                                static_cast<bool>(request.on_output), &st);
-    for (int fd : cg_fds) close(fd);
-    if (!sent.ok()) return sent;
+    RETURN_IF_ERROR(SendRun(msg, has_fd3, stdin_data, has_fd3 ? &fd3_data : nullptr,
+                            static_cast<bool>(request.on_output), &st));
     std::move(undo).Cancel();
     return st;
   }
@@ -534,6 +514,9 @@ class LocalSandbox final : public Sandbox {
       absl::MutexLock l(&ctl_mu_);
       close(p_.ctl);
       p_.ctl = -1;
+      for (int fd : spare_fds_) close(fd);
+      spare_fds_.clear();
+      spare_cg_.clear();
     }
     if (p_.bwrap_pid > 0) {
       kill(p_.bwrap_pid, SIGKILL);
@@ -549,12 +532,85 @@ class LocalSandbox final : public Sandbox {
     return true;
   }
 
-  // Sends one run to init and collects its output until its main process
-  // exits. Background processes it leaves keep their pipes (drained
-  // elsewhere) and never hold the run up.
-  absl::Status SendRun(const std::string& msg, const std::string& stdin_data,
-                       const std::string* fd3_data, const std::vector<int>& cg_fds, bool split,
-                       RunStart* st) {
+  // A run cgroup nobody uses: an empty one of an earlier run (no mkdir or
+  // rmdir per run), else a new name.
+  std::string TakeRunCgroup() {
+    absl::MutexLock l(&mu_);
+    if (!idle_run_cgroups_.empty()) {
+      std::string cg = std::move(idle_run_cgroups_.back());
+      idle_run_cgroups_.pop_back();
+      return cg;
+    }
+    return absl::StrCat("run-", ++run_seq_);
+  }
+  void ReturnRunCgroup(std::string cg) {
+    absl::MutexLock l(&mu_);
+    idle_run_cgroups_.push_back(std::move(cg));
+  }
+
+  // Has init fork the spare for the next run: a process that joins that
+  // run's cgroup now, so the run does not wait for the kernel's cgroup move
+  // (see sandbox_init.cc). Best effort: without a spare a run forks and
+  // joins its cgroup itself.
+  void PrepareSpareLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctl_mu_) {
+    if (!cg_ || p_.ctl < 0 || !spare_cg_.empty()) return;
+    std::string cg = TakeRunCgroup();
+    absl::StatusOr<std::vector<int>> fds = cg_->CreateChild(p_.id, cg);
+    if (!fds.ok()) {
+      ReturnRunCgroup(std::move(cg));
+      return;
+    }
+    const std::string token = absl::StrCat(++spare_seq_);
+    std::string msg("spare", 6);
+    msg.append(token).push_back('\0');
+    msg.append(absl::StrCat(fds->size())).push_back('\0');
+    if (SendCtl(msg, *fds) != 0) {
+      for (int fd : *fds) close(fd);
+      ReturnRunCgroup(std::move(cg));
+      return;
+    }
+    // Kept open: the run's message carries them again, for init to fall back
+    // on if the spare died.
+    spare_cg_ = std::move(cg);
+    spare_fds_ = std::move(*fds);
+    spare_token_ = token;
+  }
+
+ public:
+  // The first run's spare, once the container is up.
+  void PrepareSpare() {
+    absl::MutexLock l(&ctl_mu_);
+    PrepareSpareLocked();
+  }
+
+ private:
+  // One message on the control socket with `fds`; 0 or an errno.
+  int SendCtl(const std::string& msg, const std::vector<int>& fds)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctl_mu_) {
+    struct iovec iov = {const_cast<char*>(msg.data()), msg.size()};
+    std::vector<char> cbuf(CMSG_SPACE(sizeof(int) * std::max<size_t>(fds.size(), 1)));
+    struct msghdr mh = {};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    if (!fds.empty()) {
+      mh.msg_control = cbuf.data();
+      mh.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+      struct cmsghdr* c = CMSG_FIRSTHDR(&mh);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+      memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+    }
+    if (p_.ctl < 0) return EBADF;
+    return sendmsg(p_.ctl, &mh, MSG_NOSIGNAL) < 0 ? errno : 0;
+  }
+
+  // Sends one run to init: picks its cgroup (the spare's, when there is
+  // one), and prepares the next spare. The run's output is collected by
+  // WaitRun or on the event loop. Background processes it leaves keep
+  // their pipes (drained elsewhere) and never hold the run up.
+  absl::Status SendRun(const std::string& body, bool has_fd3, const std::string& stdin_data,
+                       const std::string* fd3_data, bool split, RunStart* st) {
     std::vector<int> to_close;
     absl::Cleanup close_all = [&to_close] {
       for (int fd : to_close) close(fd);
@@ -590,33 +646,54 @@ class LocalSandbox final : public Sandbox {
     if (split) to_close.push_back(err[1]);
     std::vector<int> readers = {out[0]};
     if (split) readers.push_back(err[0]);
+    absl::Cleanup close_readers = [&readers] {
+      for (int fd : readers) close(fd);
+    };
 
     std::vector<int> fds = {sv[1], in_fd, out[1], split ? err[1] : out[1]};
     if (fd3 >= 0) fds.push_back(fd3);
-    fds.insert(fds.end(), cg_fds.begin(), cg_fds.end());
     {
-      struct iovec iov = {const_cast<char*>(msg.data()), msg.size()};
-      std::vector<char> cbuf(CMSG_SPACE(sizeof(int) * fds.size()));
-      struct msghdr mh = {};
-      mh.msg_iov = &iov;
-      mh.msg_iovlen = 1;
-      mh.msg_control = cbuf.data();
-      mh.msg_controllen = cbuf.size();
-      struct cmsghdr* c = CMSG_FIRSTHDR(&mh);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-      memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
       absl::MutexLock l(&ctl_mu_);
-      if (p_.ctl < 0 || sendmsg(p_.ctl, &mh, MSG_NOSIGNAL) < 0) {
-        for (int fd : readers) close(fd);
-        if (p_.ctl < 0) return absl::FailedPreconditionError("local: sandbox is closed");
-        return SandboxGoneError(
-            absl::StrCat("local: the sandbox's container is gone (", strerror(errno), ")"));
+      if (p_.ctl < 0) return absl::FailedPreconditionError("local: sandbox is closed");
+      std::string token = "0";
+      std::vector<int> cg_fds;
+      if (cg_ && !spare_cg_.empty()) {
+        st->run_cg = std::move(spare_cg_);
+        cg_fds = std::move(spare_fds_);
+        token = spare_token_;
+        spare_cg_.clear();
+        spare_fds_.clear();
+      } else if (cg_) {
+        st->run_cg = TakeRunCgroup();
+        absl::StatusOr<std::vector<int>> made = cg_->CreateChild(p_.id, st->run_cg);
+        if (!made.ok()) {
+          ReturnRunCgroup(std::move(st->run_cg));
+          return made.status();
+        }
+        cg_fds = std::move(*made);
       }
+      absl::Cleanup close_cg = [&cg_fds] {
+        for (int fd : cg_fds) close(fd);
+      };
+      if (cg_) st->oom_before = cg_->OomKills(p_.id, st->run_cg);
+      std::string msg("run", 4);
+      msg.append(token).push_back('\0');
+      msg.append(body);
+      msg.append(absl::StrCat(cg_fds.size())).push_back('\0');
+      msg.append(has_fd3 ? "1" : "0").push_back('\0');
+      msg.append(absl::StrCat(provider_->config().open_files)).push_back('\0');
+      fds.insert(fds.end(), cg_fds.begin(), cg_fds.end());
+      if (int e = SendCtl(msg, fds); e != 0) {
+        // The cgroup may hold a spare that never got its run: not reused.
+        return SandboxGoneError(
+            absl::StrCat("local: the sandbox's container is gone (", strerror(e), ")"));
+      }
+      std::move(close_cg).Invoke();
+      PrepareSpareLocked();
     }
     std::move(close_all).Invoke();
     std::move(close_run).Cancel();
+    std::move(close_readers).Cancel();
     st->run_sock = run_sock;
     st->readers = std::move(readers);
     return absl::OkStatus();
@@ -776,6 +853,12 @@ class LocalSandbox final : public Sandbox {
   int running_ ABSL_GUARDED_BY(mu_) = 0;  // inside Exec
   int run_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> idle_run_cgroups_ ABSL_GUARDED_BY(mu_);
+  // The spare init keeps for the next run: its cgroup, that cgroup's
+  // cgroup.procs fds and the token naming it (empty cgroup: none).
+  std::string spare_cg_ ABSL_GUARDED_BY(ctl_mu_);
+  std::vector<int> spare_fds_ ABSL_GUARDED_BY(ctl_mu_);
+  std::string spare_token_ ABSL_GUARDED_BY(ctl_mu_);
+  uint64_t spare_seq_ ABSL_GUARDED_BY(ctl_mu_) = 0;
 };
 
 // Leftover pipes of a finished run (background processes still hold their
@@ -1447,8 +1530,9 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Start(const std::string&
         "local: the sandbox container did not start (", why.empty() ? "no output" : why, ")"));
   }
   ok = true;
-  return std::unique_ptr<Sandbox>(
-      new LocalSandbox(this, uids_, cgroups_.get(), std::move(parts), spec));
+  auto sandbox = std::make_unique<LocalSandbox>(this, uids_, cgroups_.get(), std::move(parts), spec);
+  sandbox->PrepareSpare();
+  return std::unique_ptr<Sandbox>(std::move(sandbox));
 }
 
 absl::Status LocalProvider::ProbeEnforcement() {

@@ -76,6 +76,35 @@ TEST_F(ContainmentTest, MemorySpreadOverManyProcessesIsOneLimit) {
   ExpectOthersHealthy();
 }
 
+// OOM kills are counted per run (the run's own memory cgroup, v1 and v2):
+// a background process of an earlier run killed while another run is going
+// makes neither the other run nor the session's next runs "oom_killed".
+TEST_F(ContainmentTest, AnOomKillIsTheKilledRunsNotTheRunGoingOnBesideIt) {
+  auto sb = Client("oom-attr");
+  // Run A leaves a process behind that waits for a signal, then outgrows
+  // the sandbox's 256 MiB.
+  pb::RunResult a = Sh(*sb,
+                       "(while [ ! -e /tmp/go ]; do sleep 0.05; done; "
+                       "exec python3 -c \"b = b'x' * (400 << 20)\") >/dev/null 2>&1 & "
+                       "echo $! > /tmp/bg.pid; echo started");
+  EXPECT_EQ(a.output(), "started\n");
+  EXPECT_FALSE(a.oom_killed());
+  // Run B sets it off and waits until the kernel has killed it.
+  pb::RunResult b = Sh(*sb,
+                       "touch /tmp/go; while kill -0 $(cat /tmp/bg.pid) 2>/dev/null; "
+                       "do sleep 0.05; done; echo gone");
+  EXPECT_EQ(b.output(), "gone\n");
+  EXPECT_EQ(b.exit_code(), 0);
+  EXPECT_FALSE(b.oom_killed()) << "the killed process was run A's";
+  // A run that itself outgrows the limit still says so.
+  auto big = sb->Run("b = b'x' * (400 << 20)");
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_TRUE(big->oom_killed());
+  EXPECT_EQ(big->exit_code(), 137);
+  EXPECT_FALSE(sb->Run("print(1)")->oom_killed());
+  ExpectOthersHealthy();
+}
+
 TEST_F(ContainmentTest, TmpAndShmFillsStopAtTheirSize) {
   auto sb = Client("tmpfs");
   pb::RunResult t = Sh(*sb,

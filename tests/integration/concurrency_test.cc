@@ -48,24 +48,41 @@ class Calls {
   // Starts a Run; returns its index.
   int Run(const std::string& session, const std::string& code,
           const std::string& token = "token-alpha-123") {
-    auto c = std::make_shared<Call>();
-    c->ctx.AddMetadata("authorization", "Bearer " + token);
+    auto c = Begin(token);
     c->req.set_session_id(session);
     c->req.set_code(code);
-    int index;
-    {
-      absl::MutexLock l(&mu_);
-      index = static_cast<int>(calls_.size());
-      calls_.push_back(c);
-      ++pending_;
-    }
-    stub_->async()->Run(&c->ctx, &c->req, &c->resp, [this, c](grpc::Status s) {
-      absl::MutexLock l(&mu_);
-      c->status = s;
-      c->order = order_++;
-      --pending_;
-    });
-    return index;
+    stub_->async()->Run(&c->ctx, &c->req, &c->resp, [this, c](grpc::Status s) { End(c, s); });
+    return c->index;
+  }
+
+  // Starts a WriteFile (its result: "wrote N") or a StartSession (its
+  // result: the session's state); returns its index.
+  int WriteFile(const std::string& session, const std::string& path, const std::string& data,
+                const std::string& token = "token-alpha-123") {
+    auto c = Begin(token);
+    auto req = std::make_shared<pb::WriteFileRequest>();
+    auto resp = std::make_shared<pb::WriteFileResponse>();
+    req->set_session_id(session);
+    req->set_path(path);
+    req->set_contents(data);
+    stub_->async()->WriteFile(&c->ctx, req.get(), resp.get(),
+                              [this, c, req, resp](grpc::Status s) {
+                                c->resp.set_output(absl::StrCat("wrote ", resp->bytes_written()));
+                                End(c, s);
+                              });
+    return c->index;
+  }
+  int StartSession(const std::string& session, const std::string& token = "token-alpha-123") {
+    auto c = Begin(token);
+    auto req = std::make_shared<pb::StartSessionRequest>();
+    auto resp = std::make_shared<pb::SessionInfo>();
+    req->set_session_id(session);
+    stub_->async()->StartSession(&c->ctx, req.get(), resp.get(),
+                                 [this, c, req, resp](grpc::Status s) {
+                                   c->resp.set_output(pb::SessionState_Name(resp->state()));
+                                   End(c, s);
+                                 });
+    return c->index;
   }
 
   void Wait() {
@@ -97,7 +114,23 @@ class Calls {
     pb::RunResult resp;
     grpc::Status status;
     int order = -1;
+    int index = -1;
   };
+  std::shared_ptr<Call> Begin(const std::string& token) {
+    auto c = std::make_shared<Call>();
+    c->ctx.AddMetadata("authorization", "Bearer " + token);
+    absl::MutexLock l(&mu_);
+    c->index = static_cast<int>(calls_.size());
+    calls_.push_back(c);
+    ++pending_;
+    return c;
+  }
+  void End(const std::shared_ptr<Call>& c, grpc::Status s) {
+    absl::MutexLock l(&mu_);
+    c->status = s;
+    c->order = order_++;
+    --pending_;
+  }
   pb::SandboxBroker::Stub* const stub_;
   absl::Mutex mu_;
   std::vector<std::shared_ptr<Call>> calls_ ABSL_GUARDED_BY(mu_);
@@ -368,10 +401,14 @@ TEST_F(ConcurrencyTest, FirstCallsForOneSessionShareOneCreateAndWaitWithoutThrea
 // Waited for by condition (the fake holds every create until released).
 void ConcurrencyTest::CreatesAllReachTheProvider(Faults& faults) {
   faults.hold_creates = 1;
+  // New sessions' first calls: Run, WriteFile and StartSession alike.
   constexpr int kSessions = 24;
   Calls calls(stub_.get());
   for (int i = 0; i < kSessions; ++i) {
-    calls.Run(absl::StrCat("s", i), absl::StrCat("print(", i, ")"));
+    const std::string session = absl::StrCat("s", i);
+    if (i % 3 == 0) calls.Run(session, absl::StrCat("print(", i, ")"));
+    if (i % 3 == 1) calls.WriteFile(session, "seed.txt", std::string(static_cast<size_t>(i), 'x'));
+    if (i % 3 == 2) calls.StartSession(session);
   }
   // A create that held one of the 4 threads would stop this at 4.
   EXPECT_TRUE(WaitFor([&] { return faults.creates_in_flight.load() == kSessions; }))
@@ -380,7 +417,10 @@ void ConcurrencyTest::CreatesAllReachTheProvider(Faults& faults) {
   calls.Wait();
   for (int i = 0; i < kSessions; ++i) {
     ASSERT_TRUE(calls.status(i).ok()) << i << ": " << calls.status(i).error_message();
-    EXPECT_EQ(calls.output(i), absl::StrCat(i, "\n"));
+    const std::string want = i % 3 == 0   ? absl::StrCat(i, "\n")
+                             : i % 3 == 1 ? absl::StrCat("wrote ", i)
+                                          : std::string("SESSION_STATE_READY");
+    EXPECT_EQ(calls.output(i), want) << i;
   }
   EXPECT_EQ(faults.creates.load(), kSessions);
   server_.reset();  // before the fake

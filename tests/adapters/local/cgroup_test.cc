@@ -46,6 +46,8 @@ TEST(CgroupFsV2, DetectsTheUnifiedHierarchyAndWritesLimits) {
   EXPECT_EQ(Read(root + "/sb/s1/memory.swap.max"), "0");
   EXPECT_EQ(Read(root + "/sb/s1/pids.max"), "256");
   EXPECT_EQ(Read(root + "/sb/s1/cpu.max"), "150000 100000");
+  // Runs get memory accounting of their own (their OOM kills).
+  EXPECT_EQ(Read(root + "/sb/s1/cgroup.subtree_control"), "+memory");
 
   auto fds = cg->CreateChild("s1", "run-1");
   ASSERT_TRUE(fds.ok()) << fds.status();
@@ -61,8 +63,12 @@ TEST(CgroupFsV2, DetectsTheUnifiedHierarchyAndWritesLimits) {
   EXPECT_EQ(u.memory_bytes, 12345);
   EXPECT_DOUBLE_EQ(u.cpu_seconds, 2.5);
   EXPECT_EQ(u.oom_kills, 2);
-  // v2's memory.events is hierarchical: the sandbox's count covers runs.
+  // Without memory.events of its own a run sees the sandbox's count (v2's
+  // memory.events is hierarchical)...
   EXPECT_EQ(cg->OomKills("s1", "run-1"), 2);
+  // ...with it, only its own processes' kills.
+  Write(root + "/sb/s1/run-1/memory.events", "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n");
+  EXPECT_EQ(cg->OomKills("s1", "run-1"), 0);
   EXPECT_TRUE(cg->Empty("s1", "run-1"));
   // Kernels with cgroup.kill get one write; the group is then empty.
   Write(root + "/sb/s1/run-1/cgroup.kill", "");
@@ -109,24 +115,29 @@ TEST(CgroupFsV1, DetectsPerControllerHierarchiesAndWritesLimits) {
 
   auto fds = cg->CreateChild("s1", "run-7");
   ASSERT_TRUE(fds.ok()) << fds.status();
-  EXPECT_EQ(fds->size(), 1u);  // runs: pids only
+  EXPECT_EQ(fds->size(), 2u);  // runs: pids and memory
   for (int fd : *fds) close(fd);
   struct stat st;
   EXPECT_EQ(stat((root + "/pids/sb/s1/run-7").c_str(), &st), 0);
-  EXPECT_NE(stat((root + "/memory/sb/s1/run-7").c_str(), &st), 0);
+  EXPECT_EQ(stat((root + "/memory/sb/s1/run-7").c_str(), &st), 0);
+  EXPECT_NE(stat((root + "/cpu/sb/s1/run-7").c_str(), &st), 0);
   auto init = cg->CreateChild("s1", "init");
   ASSERT_TRUE(init.ok());
   EXPECT_EQ(init->size(), 4u);  // pids/…/init + the sandbox's memory, cpu, cpuacct groups
   for (int fd : *init) close(fd);
-  mkdir((root + "/memory/sb/s1/run-7").c_str(), 0755);
 
   Write(root + "/memory/sb/s1/memory.usage_in_bytes", "4096\n");
   Write(root + "/cpuacct/sb/s1/cpuacct.usage", "1500000000\n");
-  // v1 counts OOM kills per group: summed over the sandbox's groups.
+  // v1 counts OOM kills per group: a run reads its own, the sandbox's is
+  // summed over its groups.
   Write(root + "/memory/sb/s1/memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n");
   Write(root + "/memory/sb/s1/run-7/memory.oom_control",
         "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n");
+  mkdir((root + "/memory/sb/s1/run-8").c_str(), 0755);
+  Write(root + "/memory/sb/s1/run-8/memory.oom_control",
+        "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n");
   EXPECT_EQ(cg->OomKills("s1", "run-7"), 3);
+  EXPECT_EQ(cg->OomKills("s1", "run-8"), 0);
   CgroupUsage u = cg->Usage("s1");
   EXPECT_EQ(u.memory_bytes, 4096);
   EXPECT_DOUBLE_EQ(u.cpu_seconds, 1.5);
