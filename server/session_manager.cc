@@ -395,6 +395,14 @@ absl::StatusOr<Lease> SessionManager::AcquireOrBegin(
     }
     // Ready.
     if (absl::Status c = ProviderConflict(*s, create); !c.ok()) return c;
+    if (s->adopt_pending && wake != nullptr) {
+      // The sandbox is attached holding no thread; this call looks again
+      // once that settles.
+      s->waiters.push_back(std::move(*wake));
+      *waiting = true;
+      StartAdoptLocked(s);
+      return absl::UnavailableError("waiting for the session's sandbox to be attached");
+    }
     if (s->adopt_pending) {
       absl::Status adopted = AdoptLocked(s);
       if (IsSandboxGone(adopted)) continue;  // dropped: create anew, or NOT_FOUND
@@ -844,28 +852,34 @@ void SessionManager::CloseAll() {
 
 // ---- durable sessions ------------------------------------------------------
 
-absl::Status SessionManager::AdoptLocked(const std::shared_ptr<Session>& s) {
+SessionManager::AdoptPlan SessionManager::BeginAdoptLocked(const std::shared_ptr<Session>& s) {
   s->state = SessionStateKind::kCreating;  // callers wait: single flight
   UnindexLocked(s.get());
-  SandboxSpec spec = SpecOf(s->tenant, s->session_id, instance_id_, deployment_id_, s->attempt_id,
-                            s->template_name, s->language, s->env, s->labels);
-  spec.resources = s->resources;
-  spec.ceiling = s->ceiling;
-  const std::string provider_name = s->provider;
-  const std::string sandbox_id = s->sandbox_id;
-  mu_.Unlock();
-  absl::StatusOr<Provider*> p = providers_->Find(provider_name);
-  absl::StatusOr<std::unique_ptr<Sandbox>> att =
-      p.ok() ? (*p)->Attach(sandbox_id, spec)
-             : absl::StatusOr<std::unique_ptr<Sandbox>>(p.status());
-  const bool gone = !att.ok() && (IsSandboxGone(att.status()) ||
-                                  att.status().code() == absl::StatusCode::kUnimplemented ||
-                                  att.status().code() == absl::StatusCode::kNotFound);
+  AdoptPlan plan;
+  plan.spec = SpecOf(s->tenant, s->session_id, instance_id_, deployment_id_, s->attempt_id,
+                     s->template_name, s->language, s->env, s->labels);
+  plan.spec.resources = s->resources;
+  plan.spec.ceiling = s->ceiling;
+  plan.provider = s->provider;
+  plan.sandbox_id = s->sandbox_id;
+  return plan;
+}
+
+bool SessionManager::AdoptGone(const Session& s, const absl::Status& attached) {
+  const bool gone = !attached.ok() && (IsSandboxGone(attached) ||
+                                       attached.code() == absl::StatusCode::kUnimplemented ||
+                                       attached.code() == absl::StatusCode::kNotFound);
   if (gone && store_) {
-    SessionRecord tomb = RecordOf(*s, StoredState::kGone);
+    SessionRecord tomb = RecordOf(s, StoredState::kGone);
     StoreWrite("adopt gone", store_->PutSession(tomb));
   }
-  mu_.Lock();
+  return gone;
+}
+
+absl::Status SessionManager::FinishAdoptLocked(const std::shared_ptr<Session>& s,
+                                               absl::StatusOr<std::unique_ptr<Sandbox>> att,
+                                               bool gone) {
+  absl::Status out;
   if (att.ok()) {
     s->sandbox = std::move(*att);
     s->adopt_pending = false;
@@ -886,9 +900,7 @@ absl::Status SessionManager::AdoptLocked(const std::shared_ptr<Session>& s) {
       observer_->SessionAdopted(view);
       mu_.Lock();
     }
-    return absl::OkStatus();
-  }
-  if (gone) {
+  } else if (gone) {
     RemoveLocked(s.get());
     if (metrics_)
       metrics_->SessionClosed(s->provider, s->tenant, CloseReasonName(CloseReason::kGone));
@@ -898,12 +910,61 @@ absl::Status SessionManager::AdoptLocked(const std::shared_ptr<Session>& s) {
          {"session_id", s->session_id},
          {"sandbox_id", s->sandbox_id},
          {"reason", att.status().message()}});
-    return SandboxGoneError(att.status().message());
+    out = SandboxGoneError(att.status().message());
+  } else {
+    // Retryable (provider unreachable): stays recovered; the next call retries.
+    s->state = SessionStateKind::kReady;
+    if (s->inflight == 0) IndexIdleLocked(s.get());
+    out = att.status();
   }
-  // Retryable (provider unreachable): stays recovered; the next call retries.
-  s->state = SessionStateKind::kReady;
-  if (s->inflight == 0) IndexIdleLocked(s.get());
-  return att.status();
+  // Calls that waited for this adoption look again: ready, or gone (then
+  // they create anew, or get NOT_FOUND); a retryable failure is their
+  // answer too.
+  std::vector<std::function<void(absl::Status)>> waiters;
+  waiters.swap(s->waiters);
+  if (!waiters.empty()) {
+    const absl::Status for_waiters = att.ok() || gone ? absl::OkStatus() : out;
+    mu_.Unlock();
+    for (auto& w : waiters) w(for_waiters);
+    mu_.Lock();
+  }
+  return out;
+}
+
+absl::Status SessionManager::AdoptLocked(const std::shared_ptr<Session>& s) {
+  AdoptPlan plan = BeginAdoptLocked(s);
+  mu_.Unlock();
+  absl::StatusOr<Provider*> p = providers_->Find(plan.provider);
+  absl::StatusOr<std::unique_ptr<Sandbox>> att =
+      p.ok() ? (*p)->Attach(plan.sandbox_id, plan.spec)
+             : absl::StatusOr<std::unique_ptr<Sandbox>>(p.status());
+  const bool gone = AdoptGone(*s, att.status());
+  mu_.Lock();
+  return FinishAdoptLocked(s, std::move(att), gone);
+}
+
+void SessionManager::StartAdoptLocked(const std::shared_ptr<Session>& s) {
+  AdoptPlan plan = BeginAdoptLocked(s);
+  // Not under mu_: a provider may answer before AttachAsync returns. Its
+  // answer moves to the pool too (the tombstone write and the observer may
+  // block; the provider's own thread must not).
+  WorkPool* pool = WorkPool::Shared();
+  const std::string request_id = CurrentRequestId();
+  pool->Submit([this, s, plan = std::move(plan), pool, request_id]() mutable {
+    RequestIdScope scope(request_id);
+    auto finish = [this, s, pool, request_id](absl::StatusOr<std::unique_ptr<Sandbox>> att) {
+      auto held = std::make_shared<absl::StatusOr<std::unique_ptr<Sandbox>>>(std::move(att));
+      pool->Submit([this, s, held, request_id] {
+        RequestIdScope scope(request_id);
+        const bool gone = AdoptGone(*s, held->status());
+        absl::MutexLock l(&mu_);
+        (void)FinishAdoptLocked(s, std::move(*held), gone);
+      });
+    };
+    absl::StatusOr<Provider*> p = providers_->Find(plan.provider);
+    if (!p.ok()) return finish(p.status());
+    (*p)->AttachAsync(plan.sandbox_id, std::move(plan.spec), std::move(finish));
+  });
 }
 
 namespace {

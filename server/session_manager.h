@@ -303,6 +303,21 @@ class SessionManager {
   // provider call). OK: ready with a sandbox. A gone sandbox: the session is
   // removed (its next sandbox gets generation + 1).
   absl::Status AdoptLocked(const std::shared_ptr<Session>& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same without holding a thread while the provider attaches: the
+  // session's waiters are called when it settles.
+  void StartAdoptLocked(const std::shared_ptr<Session>& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct AdoptPlan {
+    std::string provider, sandbox_id;
+    SandboxSpec spec;
+  };
+  // Adoption's steps: mark the session creating (callers wait), then, with
+  // the provider's answer, the tombstone of a gone sandbox (unlocked), then
+  // the session ready, removed or left for a retry, and its waiters called.
+  AdoptPlan BeginAdoptLocked(const std::shared_ptr<Session>& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AdoptGone(const Session& s, const absl::Status& attached);
+  absl::Status FinishAdoptLocked(const std::shared_ptr<Session>& s,
+                                 absl::StatusOr<std::unique_ptr<Sandbox>> att, bool gone)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveLocked(Session* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkActiveLocked(Session* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   SessionRecord RecordOf(const Session& s, StoredState state) const;

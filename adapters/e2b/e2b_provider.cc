@@ -74,11 +74,28 @@ class E2BSandbox final : public Sandbox {
   // program uploaded) takes the default path (the blocking pool).
   void ExecAsync(ExecRequest request, ExecDone done) override {
     if (absl::Status open = CheckOpen(); !open.ok()) return done(open);
-    if (!TtlCovers(request.timeout + ttl_) ||
-        (request.argv.empty() && request.language != Language::kShell &&
-         request.code.size() > kInlineCodeBytes)) {
+    if (request.argv.empty() && request.language != Language::kShell &&
+        request.code.size() > kInlineCodeBytes) {
       return Sandbox::ExecAsync(std::move(request), std::move(done));
     }
+    // The run must not outlive the sandbox's own E2B timeout: extended
+    // first when it would (a session's first run, mostly), by a request on
+    // the multi handle too.
+    const absl::Duration needed = request.timeout + ttl_;
+    if (!TtlCovers(needed)) {
+      auto held = std::make_shared<ExecRequest>(std::move(request));
+      SetTtlAsync(absl::ToInt64Seconds(needed + absl::Seconds(59)),
+                  [this, held, done](absl::Status s) {
+                    if (!s.ok()) return done(s);
+                    StartAsync(std::move(*held), done);
+                  });
+      return;
+    }
+    StartAsync(std::move(request), std::move(done));
+  }
+
+  // The run's Process/Start stream on the multi handle.
+  void StartAsync(ExecRequest request, ExecDone done) {
     auto st = std::make_shared<RunState>(request);
     absl::StatusOr<HttpRequest> http = StartRequest(st, /*may_block=*/false);
     if (!http.ok()) return done(http.status());
@@ -317,8 +334,22 @@ class E2BSandbox final : public Sandbox {
   // Sets E2B's timeout for this sandbox to `seconds` from now.
   absl::Status SetTtl(int64_t seconds) {
     const absl::Time now = Clock::Real()->Monotonic();
-    auto resp = provider_->ControlRequest("POST", absl::StrCat("/sandboxes/", id(), "/timeout"),
-                                          absl::StrCat("{\"timeout\":", seconds, "}"));
+    return TtlSet(now, seconds,
+                  provider_->ControlRequest("POST", absl::StrCat("/sandboxes/", id(), "/timeout"),
+                                            absl::StrCat("{\"timeout\":", seconds, "}")));
+  }
+  // The same as a request on the multi handle; `done` runs on its thread.
+  void SetTtlAsync(int64_t seconds, std::function<void(absl::Status)> done) {
+    const absl::Time now = Clock::Real()->Monotonic();
+    provider_->ControlRequestAsync(
+        "POST", absl::StrCat("/sandboxes/", id(), "/timeout"),
+        absl::StrCat("{\"timeout\":", seconds, "}"),
+        [this, now, seconds, done](absl::StatusOr<HttpResponse> resp) {
+          done(TtlSet(now, seconds, std::move(resp)));
+        });
+  }
+  // A timeout request's answer: the new deadline, or why not.
+  absl::Status TtlSet(absl::Time now, int64_t seconds, absl::StatusOr<HttpResponse> resp) {
     if (!resp.ok()) return resp.status();
     if (resp->status == 404) {
       return SandboxGoneError(absl::StrCat("e2b: sandbox ", id(), " no longer exists"));

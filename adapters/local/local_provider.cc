@@ -243,6 +243,13 @@ bool IsLocalSandboxId(const std::string& id) {
   return true;
 }
 
+// One thread that readies sandboxes' spares (see sandbox_init.cc): their
+// cgroup moves serialize in the kernel anyway.
+WorkPool* SparePool() {
+  static WorkPool* pool = new WorkPool("local-spares", 1);
+  return pool;
+}
+
 class LocalSandbox final : public Sandbox {
  public:
   struct Parts {
@@ -432,6 +439,16 @@ class LocalSandbox final : public Sandbox {
         absl::MutexLock l(&mu_);
         idle_run_cgroups_.push_back(st.run_cg);
       }
+      // The next run's spare, after this run's answer and off the caller's
+      // thread: made while runs are going, its cgroup moves would stall
+      // every fork on the machine behind them (the kernel's writers go
+      // first). running_ keeps the sandbox alive until it is done.
+      SparePool()->Submit([this] {
+        PrepareSpare();
+        absl::MutexLock l(&mu_);
+        --running_;
+      });
+      return;
     }
     absl::MutexLock l(&mu_);
     --running_;
@@ -605,8 +622,8 @@ class LocalSandbox final : public Sandbox {
     return sendmsg(p_.ctl, &mh, MSG_NOSIGNAL) < 0 ? errno : 0;
   }
 
-  // Sends one run to init: picks its cgroup (the spare's, when there is
-  // one), and prepares the next spare. The run's output is collected by
+  // Sends one run to init, in the spare's cgroup when there is one (EndRun
+  // readies the next). The run's output is collected by
   // WaitRun or on the event loop. Background processes it leaves keep
   // their pipes (drained elsewhere) and never hold the run up.
   absl::Status SendRun(const std::string& body, bool has_fd3, const std::string& stdin_data,
@@ -689,7 +706,6 @@ class LocalSandbox final : public Sandbox {
             absl::StrCat("local: the sandbox's container is gone (", strerror(e), ")"));
       }
       std::move(close_cg).Invoke();
-      PrepareSpareLocked();
     }
     std::move(close_all).Invoke();
     std::move(close_run).Cancel();

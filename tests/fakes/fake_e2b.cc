@@ -429,6 +429,7 @@ class FakeE2B::Impl {
     });
     auto connect = [this](const Request& req, Response& res) {
       if (Fault(req, res, true) || !CheckApiKey(req, res)) return;
+      Faults::ConnectScope in_flight(&faults_);
       json body = json::parse(req.body.empty() ? "{}" : req.body, nullptr, false);
       auto sb = Find(req.matches[1]);
       if (!sb) {

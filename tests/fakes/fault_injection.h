@@ -29,6 +29,10 @@ struct Faults {
   // until it is set to 0: a test sees how many creates are in flight at
   // once, then lets them go.
   std::atomic<int> hold_creates{0};
+  // The same for attaches (E2B's connect): while nonzero they wait before
+  // answering; connects_in_flight counts those waiting or being answered.
+  std::atomic<int> hold_connects{0};
+  std::atomic<int> connects_in_flight{0};
   std::atomic<int64_t> requests{0};
   // Sandboxes created and deleted (by a DELETE) so far.
   std::atomic<int64_t> creates{0};
@@ -68,6 +72,7 @@ struct Faults {
         {"latency_ms", &latency_ms},
         {"create_latency_ms", &create_latency_ms},
         {"hold_creates", &hold_creates},
+        {"hold_connects", &hold_connects},
         {"fail_next", &fail_next},
         {"error_every_n", &error_every_n},
         {"rate_limit_next", &rate_limit_next},
@@ -102,6 +107,22 @@ struct Faults {
     if (int ms = create_latency_ms.load(); ms > 0) absl::SleepFor(absl::Milliseconds(ms));
     while (hold_creates.load() != 0) absl::SleepFor(absl::Milliseconds(2));
   }
+
+  // Counts one connect as in flight while it lives, and waits while
+  // hold_connects is set.
+  class ConnectScope {
+   public:
+    explicit ConnectScope(Faults* f) : f_(f) {
+      ++f_->connects_in_flight;
+      while (f_->hold_connects.load() != 0) absl::SleepFor(absl::Milliseconds(2));
+    }
+    ~ConnectScope() { --f_->connects_in_flight; }
+    ConnectScope(const ConnectScope&) = delete;
+    ConnectScope& operator=(const ConnectScope&) = delete;
+
+   private:
+    Faults* const f_;
+  };
 
   // Applies the switches to one request. `error(res, status, message)`
   // writes the provider's own error body. True when a fault answered.
@@ -145,7 +166,7 @@ struct Faults {
 // The fakes' test-control endpoints (never part of a provider's API):
 //   GET  /_fake/stats   {"creates": N, "deletes": N, "dropped": N, "live": N,
 //                        "requests": N, "creates_in_flight": N,
-//                        "max_creates_in_flight": N}
+//                        "max_creates_in_flight": N, "connects_in_flight": N}
 //   POST /_fake/faults  a JSON object of any Faults switches
 inline void AddFakeControlRoutes(httplib::Server& server, Faults& faults,
                                  std::function<int64_t()> live) {
@@ -156,7 +177,8 @@ inline void AddFakeControlRoutes(httplib::Server& server, Faults& faults,
                         {"live", live()},
                         {"requests", faults.requests.load()},
                         {"creates_in_flight", faults.creates_in_flight.load()},
-                        {"max_creates_in_flight", faults.max_creates_in_flight.load()}};
+                        {"max_creates_in_flight", faults.max_creates_in_flight.load()},
+                        {"connects_in_flight", faults.connects_in_flight.load()}};
     res.set_content(j.dump(), "application/json");
   });
   server.Post("/_fake/faults", [&faults](const httplib::Request& req, httplib::Response& res) {

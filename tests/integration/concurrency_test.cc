@@ -444,6 +444,62 @@ TEST_F(ConcurrencyTest, E2BCreatesHoldNoThreadWhileTheProviderWorks) {
   CreatesAllReachTheProvider((*fake)->faults());
 }
 
+// After a restart each session's sandbox is attached on its first call
+// (E2B: /connect), holding no thread while the provider answers; calls that
+// arrive during the attach wait for it and are answered by it.
+TEST_F(ConcurrencyTest, AttachesAfterARestartHoldNoThreadAndWakeEveryWaitingCall) {
+  FakeE2B::Options o;
+  o.api_key = "e2b_test_key";
+  o.ttl_thread = false;
+  auto fake = FakeE2B::Start(o);
+  ASSERT_TRUE(fake.ok()) << fake.status();
+  nlohmann::json extra = {{"default_provider", "e2b"},
+                          {"max_threads", 4},
+                          {"max_sessions_per_tenant", 100},
+                          {"providers",
+                           {{"e2b",
+                             {{"api_key", "e2b_test_key"},
+                              {"api_url", (*fake)->url()},
+                              {"sandbox_url", (*fake)->url()}}}}}};
+  StartBroker(extra.dump());
+  constexpr int kSessions = 12;
+  {
+    Calls calls(stub_.get());
+    for (int i = 0; i < kSessions; ++i) calls.Run(absl::StrCat("s", i), "x = 1");
+    calls.Wait();
+    for (int i = 0; i < kSessions; ++i) ASSERT_TRUE(calls.status(i).ok()) << i;
+  }
+  server_.reset();  // a graceful stop: the sandboxes stay at the provider
+  Faults& faults = (*fake)->faults();
+  faults.hold_connects = 1;
+  StartBroker(extra.dump());
+  // Two calls per session, of three kinds: each session's first starts the
+  // attach, the second waits for it.
+  Calls calls(stub_.get());
+  for (int i = 0; i < kSessions; ++i) {
+    const std::string session = absl::StrCat("s", i);
+    calls.Run(session, absl::StrCat("print(", i, ")"));
+    if (i % 2 == 0) calls.WriteFile(session, "f.txt", std::string(static_cast<size_t>(i), 'y'));
+    if (i % 2 == 1) calls.Run(session, absl::StrCat("print(", i, " * 10)"));
+  }
+  // An attach that held one of the 4 threads would stop this at 4.
+  EXPECT_TRUE(WaitFor([&] { return faults.connects_in_flight.load() == kSessions; }))
+      << faults.connects_in_flight.load() << " attaches in flight";
+  faults.hold_connects = 0;
+  calls.Wait();
+  for (int i = 0; i < kSessions; ++i) {
+    ASSERT_TRUE(calls.status(2 * i).ok()) << i << ": " << calls.status(2 * i).error_message();
+    EXPECT_EQ(calls.output(2 * i), absl::StrCat(i, "\n"));
+    ASSERT_TRUE(calls.status(2 * i + 1).ok())
+        << i << ": " << calls.status(2 * i + 1).error_message();
+    EXPECT_EQ(calls.output(2 * i + 1),
+              i % 2 == 0 ? absl::StrCat("wrote ", i) : absl::StrCat(i * 10, "\n"));
+  }
+  // Adopted, not created anew.
+  EXPECT_EQ(faults.creates.load(), kSessions);
+  server_.reset();  // before the fake
+}
+
 TEST_F(ConcurrencyTest, DaytonaCreatesHoldNoThreadWhileTheProviderWorks) {
   FakeDaytona::Options o;
   o.api_key = "dtn_test_key";
