@@ -28,4 +28,10 @@ ServingDefaults ApplyServingDefaults() {
   return d;
 }
 
+void ReleaseFreeHeap() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
+
 }  // namespace sandbox

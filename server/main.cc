@@ -115,8 +115,15 @@ int main(int argc, char** argv) {
   if (!server.ok()) return Fail(std::string(server.status().message()));
 
   int sig = 0;
+  // Between signals, the heap's free pages go back to the system once a
+  // minute (process_defaults.h).
+  const timespec release_every = {kReleaseFreeHeapSeconds, 0};
   while (true) {
-    sigwait(&sigs, &sig);
+    sig = sigtimedwait(&sigs, nullptr, &release_every);
+    if (sig < 0) {  // EAGAIN: a minute without a signal (or EINTR)
+      ReleaseFreeHeap();
+      continue;
+    }
     if (sig != SIGHUP) break;
     // Reload without restart; the outcome is logged (and audited).
     Log(LogLevel::kInfo, "broker.signal", {{"signal", strsignal(sig)}});
