@@ -354,7 +354,8 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
       // Serving has started; recovery runs here, off the request path.
       self->sessions_->ResolvePending();
       const absl::Duration grace = absl::Seconds(self->config_.orphan_grace_seconds);
-      self->sessions_->SweepOrphans(grace);
+      const int swept = self->sessions_->SweepOrphans(grace);
+      Log(LogLevel::kInfo, "recovery.done", {{"orphans_destroyed", swept}});
       Clock* clock = Clock::Real();
       const absl::Duration reap_every = absl::Seconds(self->config_.reap_interval_seconds);
       const absl::Duration sweep_every = absl::Seconds(self->config_.orphan_sweep_interval_seconds);

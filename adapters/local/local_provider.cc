@@ -243,6 +243,9 @@ bool IsLocalSandboxId(const std::string& id) {
   return true;
 }
 
+// Runs going on a provider at most for a spare to be used or readied.
+constexpr int kQuietRuns = 4;
+
 // One thread that readies sandboxes' spares (see sandbox_init.cc): their
 // cgroup moves serialize in the kernel anyway.
 WorkPool* SparePool() {
@@ -424,6 +427,7 @@ class LocalSandbox final : public Sandbox {
     RETURN_IF_ERROR(SendRun(msg, has_fd3, stdin_data, has_fd3 ? &fd3_data : nullptr,
                             static_cast<bool>(request.on_output), &st));
     std::move(undo).Cancel();
+    provider_->runs_in_flight().fetch_add(1);
     return st;
   }
 
@@ -439,19 +443,42 @@ class LocalSandbox final : public Sandbox {
         absl::MutexLock l(&mu_);
         idle_run_cgroups_.push_back(st.run_cg);
       }
+      provider_->runs_in_flight().fetch_sub(1);
       // The next run's spare, after this run's answer and off the caller's
-      // thread: made while runs are going, its cgroup moves would stall
-      // every fork on the machine behind them (the kernel's writers go
-      // first). running_ keeps the sandbox alive until it is done.
-      SparePool()->Submit([this] {
-        PrepareSpare();
-        absl::MutexLock l(&mu_);
-        --running_;
-      });
+      // thread. running_ keeps the sandbox alive until it is made.
+      ScheduleSpare();
       return;
     }
+    provider_->runs_in_flight().fetch_sub(1);
     absl::MutexLock l(&mu_);
     --running_;
+  }
+
+  // Readies the next spare once few runs are going on this provider: a
+  // cgroup move while many runs start and end would stall their forks and
+  // exits (the kernel lets the move's writer go first), so during a burst
+  // it waits, looking again every 20 ms. The caller's running_ count is
+  // released when it is done or the sandbox closed.
+  void ScheduleSpare() {
+    bool closed;
+    {
+      absl::MutexLock l(&mu_);
+      closed = destroyed_;
+    }
+    if (closed) {
+      absl::MutexLock l(&mu_);
+      --running_;
+      return;
+    }
+    if (provider_->runs_in_flight().load() > kQuietRuns) {
+      EventLoop::Shared()->After(absl::Milliseconds(20), [this] { ScheduleSpare(); });
+      return;
+    }
+    SparePool()->Submit([this] {
+      PrepareSpare();
+      absl::MutexLock l(&mu_);
+      --running_;
+    });
   }
 
   // A run that ended without init's exit report: the sandbox is gone,
@@ -674,7 +701,11 @@ class LocalSandbox final : public Sandbox {
       if (p_.ctl < 0) return absl::FailedPreconditionError("local: sandbox is closed");
       std::string token = "0";
       std::vector<int> cg_fds;
-      if (cg_ && !spare_cg_.empty()) {
+      // The spare serves a run started while few are going (a run's
+      // latency is then what the spare saves); in a burst runs fork, as
+      // they start faster that way on the whole (measured: p50 of 500 at
+      // once 1.17x the run vs 1.23x through spares).
+      if (cg_ && !spare_cg_.empty() && provider_->runs_in_flight().load() <= kQuietRuns) {
         st->run_cg = std::move(spare_cg_);
         cg_fds = std::move(spare_fds_);
         token = spare_token_;

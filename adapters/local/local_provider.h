@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -146,6 +147,9 @@ class LocalProvider final : public Provider {
                                        const std::string& tmp_dir = "",
                                        const std::string& cwd = "") const;
   const LocalConfig& config() const { return config_; }
+  // Runs started and not yet ended, over all of this provider's sandboxes
+  // (spares are readied only when few are: see sandbox_init.cc).
+  std::atomic<int>& runs_in_flight() const { return runs_in_flight_; }
 
   class UidPool;
 
@@ -168,6 +172,7 @@ class LocalProvider final : public Provider {
   std::vector<std::string> user_args_;    // bwrap options for user_name
   std::string seccomp_bpf_;
   LocalEnforcement enforcement_;
+  mutable std::atomic<int> runs_in_flight_{0};
   std::unique_ptr<CgroupFs> cgroups_;  // null when not enforced
 };
 

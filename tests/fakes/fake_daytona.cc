@@ -271,6 +271,7 @@ class FakeDaytona::Impl {
     using httplib::Response;
 
     server_.Post("/api/sandbox", [this](const Request& req, Response& res) {
+      ++faults_.create_requests;
       if (Fault(res, true) || !Auth(req, res)) return;
       Faults::CreateScope in_flight(&faults_);
       json body = json::parse(req.body, nullptr, false);

@@ -289,6 +289,7 @@ class FakeE2B::Impl {
   }
 
   void CreateSandbox(const httplib::Request& req, httplib::Response& res, int64_t default_timeout) {
+    ++faults_.create_requests;
     if (Fault(req, res, true) || !CheckApiKey(req, res)) return;
     Faults::CreateScope in_flight(&faults_);
     json body = json::parse(req.body, nullptr, false);

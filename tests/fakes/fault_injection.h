@@ -34,6 +34,8 @@ struct Faults {
   std::atomic<int> hold_connects{0};
   std::atomic<int> connects_in_flight{0};
   std::atomic<int64_t> requests{0};
+  // Create requests received so far (counted on arrival, before any fault).
+  std::atomic<int64_t> create_requests{0};
   // Sandboxes created and deleted (by a DELETE) so far.
   std::atomic<int64_t> creates{0};
   std::atomic<int64_t> deletes{0};
@@ -165,7 +167,8 @@ struct Faults {
 
 // The fakes' test-control endpoints (never part of a provider's API):
 //   GET  /_fake/stats   {"creates": N, "deletes": N, "dropped": N, "live": N,
-//                        "requests": N, "creates_in_flight": N,
+//                        "requests": N, "create_requests": N,
+//                        "creates_in_flight": N,
 //                        "max_creates_in_flight": N, "connects_in_flight": N}
 //   POST /_fake/faults  a JSON object of any Faults switches
 inline void AddFakeControlRoutes(httplib::Server& server, Faults& faults,
@@ -176,6 +179,7 @@ inline void AddFakeControlRoutes(httplib::Server& server, Faults& faults,
                         {"dropped", faults.dropped.load()},
                         {"live", live()},
                         {"requests", faults.requests.load()},
+                        {"create_requests", faults.create_requests.load()},
                         {"creates_in_flight", faults.creates_in_flight.load()},
                         {"max_creates_in_flight", faults.max_creates_in_flight.load()},
                         {"connects_in_flight", faults.connects_in_flight.load()}};

@@ -427,14 +427,18 @@ TEST_P(CrashTest, KilledAfterIntentWrite) {
     StartBroker("{}", "create.after_intent=sleep(60000)");
   } else {
     StartBroker();
-    before = Stats()["requests"];
+    // The daemon's own startup requests (its orphan sweep's listing) are
+    // done before the faults, which are for the create.
+    ASSERT_TRUE(WaitFor([&] { return BrokerLog().find("recovery.done") != std::string::npos; }))
+        << BrokerLog();
+    before = Stats()["create_requests"];
     Faults({{"latency_ms", 1500}, {"drop_next", 1}});  // the create sleeps, then is dropped
   }
   InBackground([this] { EXPECT_FALSE(Write("i", "f.txt", "x").ok()); });
   if (local) {
     ASSERT_TRUE(AtFailpoint("create.after_intent"));
   } else {
-    ASSERT_TRUE(WaitFor([&] { return Stats()["requests"] > before; }));
+    ASSERT_TRUE(WaitFor([&] { return Stats()["create_requests"] > before; }));
   }
   broker_->Kill9();  // intent written (it precedes the create request), nothing created
   JoinBackground();

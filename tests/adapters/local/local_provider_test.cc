@@ -361,8 +361,19 @@ TEST_F(LocalProviderTest, RunsWorkWithoutTheSpareAndSeveralAtOnce) {
     if (spares.size() != 1) usleep(1000);
   }
   ASSERT_EQ(spares.size(), 1u);
-  // A spare that died: the next run starts without it.
+  // A spare that died: the next run starts without it. (Dead, not dying: a
+  // run handed over at the very moment of its death dies with it, as any
+  // run whose process is killed.)
   ASSERT_EQ(kill(spares[0], SIGKILL), 0);
+  auto dead = [pid = spares[0]] {
+    std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+    std::string line;
+    if (!std::getline(stat, line)) return true;  // reaped
+    const size_t paren = line.rfind(')');
+    return paren != std::string::npos && line.size() > paren + 2 && line[paren + 2] == 'Z';
+  };
+  for (int i = 0; i < 5000 && !dead(); ++i) usleep(1000);
+  ASSERT_TRUE(dead());
   EXPECT_EQ(Exec(Language::kShell, "echo two").output, "two\n");
   // Several at once in one session: one takes the spare, the others fork.
   std::vector<std::thread> threads;
