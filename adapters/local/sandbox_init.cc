@@ -106,23 +106,19 @@ bool ParseRun(char* buf, size_t len, RunMsg* m) {
   m->cwd = next();
   char* argc_s = next();
   if (!m->token || !m->cwd || !argc_s) return false;
-  long argc = strtol(argc_s, nullptr, 10);
-  if (argc < 1 || argc > 100000) return false;
-  for (long i = 0; i < argc; ++i) {
-    char* a = next();
-    if (!a) return false;
-    m->argv.push_back(a);
-  }
-  m->argv.push_back(nullptr);
-  char* envc_s = next();
-  long envc = envc_s ? strtol(envc_s, nullptr, 10) : -1;
-  if (envc < 0 || envc > 100000) return false;
-  for (long i = 0; i < envc; ++i) {
-    char* e = next();
-    if (!e) return false;
-    m->envp.push_back(e);
-  }
-  m->envp.push_back(nullptr);
+  // A count, then that many strings, into a NULL-terminated vector.
+  auto strings = [&next](const char* count_s, long min, std::vector<char*>* out) {
+    const long count = count_s ? strtol(count_s, nullptr, 10) : -1;
+    if (count < min || count > 100000) return false;
+    for (long i = 0; i < count; ++i) {
+      char* v = next();
+      if (!v) return false;
+      out->push_back(v);
+    }
+    out->push_back(nullptr);
+    return true;
+  };
+  if (!strings(argc_s, 1, &m->argv) || !strings(next(), 0, &m->envp)) return false;
   char* ncg_s = next();
   char* fd3_s = next();
   char* nofile_s = next();

@@ -141,6 +141,26 @@ class Calls {
 class ConcurrencyTest : public BrokerFixture {
  protected:
   void CreatesAllReachTheProvider(Faults& faults);
+  // A fake E2B, and the broker's config for it with 4 serving threads.
+  std::unique_ptr<FakeE2B> StartFakeE2B() {
+    FakeE2B::Options o;
+    o.api_key = "e2b_test_key";
+    o.ttl_thread = false;
+    auto fake = FakeE2B::Start(o);
+    EXPECT_TRUE(fake.ok()) << fake.status();
+    return fake.ok() ? std::move(*fake) : nullptr;
+  }
+  static std::string E2BConfig(const FakeE2B& fake) {
+    nlohmann::json extra = {{"default_provider", "e2b"},
+                            {"max_threads", 4},
+                            {"max_sessions_per_tenant", 100},
+                            {"providers",
+                             {{"e2b",
+                               {{"api_key", "e2b_test_key"},
+                                {"api_url", fake.url()},
+                                {"sandbox_url", fake.url()}}}}}};
+    return extra.dump();
+  }
 };
 
 TEST_F(ConcurrencyTest, HeldCallsHoldNoThreads) {
@@ -427,41 +447,19 @@ void ConcurrencyTest::CreatesAllReachTheProvider(Faults& faults) {
 }
 
 TEST_F(ConcurrencyTest, E2BCreatesHoldNoThreadWhileTheProviderWorks) {
-  FakeE2B::Options o;
-  o.api_key = "e2b_test_key";
-  o.ttl_thread = false;
-  auto fake = FakeE2B::Start(o);
-  ASSERT_TRUE(fake.ok()) << fake.status();
-  nlohmann::json extra = {{"default_provider", "e2b"},
-                          {"max_threads", 4},
-                          {"max_sessions_per_tenant", 100},
-                          {"providers",
-                           {{"e2b",
-                             {{"api_key", "e2b_test_key"},
-                              {"api_url", (*fake)->url()},
-                              {"sandbox_url", (*fake)->url()}}}}}};
-  StartBroker(extra.dump());
-  CreatesAllReachTheProvider((*fake)->faults());
+  std::unique_ptr<FakeE2B> fake = StartFakeE2B();
+  ASSERT_NE(fake, nullptr);
+  StartBroker(E2BConfig(*fake));
+  CreatesAllReachTheProvider(fake->faults());
 }
 
 // After a restart each session's sandbox is attached on its first call
 // (E2B: /connect), holding no thread while the provider answers; calls that
 // arrive during the attach wait for it and are answered by it.
 TEST_F(ConcurrencyTest, AttachesAfterARestartHoldNoThreadAndWakeEveryWaitingCall) {
-  FakeE2B::Options o;
-  o.api_key = "e2b_test_key";
-  o.ttl_thread = false;
-  auto fake = FakeE2B::Start(o);
-  ASSERT_TRUE(fake.ok()) << fake.status();
-  nlohmann::json extra = {{"default_provider", "e2b"},
-                          {"max_threads", 4},
-                          {"max_sessions_per_tenant", 100},
-                          {"providers",
-                           {{"e2b",
-                             {{"api_key", "e2b_test_key"},
-                              {"api_url", (*fake)->url()},
-                              {"sandbox_url", (*fake)->url()}}}}}};
-  StartBroker(extra.dump());
+  std::unique_ptr<FakeE2B> fake = StartFakeE2B();
+  ASSERT_NE(fake, nullptr);
+  StartBroker(E2BConfig(*fake));
   constexpr int kSessions = 12;
   {
     Calls calls(stub_.get());
@@ -470,9 +468,9 @@ TEST_F(ConcurrencyTest, AttachesAfterARestartHoldNoThreadAndWakeEveryWaitingCall
     for (int i = 0; i < kSessions; ++i) ASSERT_TRUE(calls.status(i).ok()) << i;
   }
   server_.reset();  // a graceful stop: the sandboxes stay at the provider
-  Faults& faults = (*fake)->faults();
+  Faults& faults = fake->faults();
   faults.hold_connects = 1;
-  StartBroker(extra.dump());
+  StartBroker(E2BConfig(*fake));
   // Two calls per session, of three kinds: each session's first starts the
   // attach, the second waits for it.
   Calls calls(stub_.get());
