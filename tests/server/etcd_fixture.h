@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -66,11 +67,20 @@ struct EtcdTls {
 
 class EtcdServer {
  public:
-  explicit EtcdServer(EtcdTls tls = {}) : tls_(std::move(tls)) {
+  explicit EtcdServer(EtcdTls tls = {}) : tls_(std::move(tls)) { PickPorts(); }
+
+  // Free loopback ports for a first start. A port picked free can be taken
+  // by another process (an outgoing connection's ephemeral port) before
+  // etcd binds it; a first start that dies retries on new ports.
+  void PickPorts() {
     client_port_ = FreeLoopbackPort();
     peer_port_ = FreeLoopbackPort();
     while (peer_port_ == client_port_) peer_port_ = FreeLoopbackPort();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_.path() + "/data", ec);
   }
+  // Whether the last Launch's etcd exited by itself (e.g. could not bind).
+  bool Died() const { return died_; }
   ~EtcdServer() { Kill9(); }
 
   std::string endpoint() const {
@@ -86,15 +96,24 @@ class EtcdServer {
     initial_cluster_ = std::move(initial_cluster);
   }
 
-  // Starts etcd and waits until it is healthy. False on timeout.
+  // Starts etcd and waits until it is healthy. False on timeout. A first
+  // start whose etcd died (a port taken meanwhile) tries new ports, twice.
   bool Start() {
-    Launch();
-    return WaitHealthy(absl::Seconds(30));
+    for (int attempt = 0;; ++attempt) {
+      Launch();
+      if (WaitHealthy(absl::Seconds(30))) {
+        started_ = true;
+        return true;
+      }
+      if (started_ || !died_ || attempt == 2) return false;
+      PickPorts();
+    }
   }
 
   // Starts etcd without waiting (the members of a cluster are healthy only
   // once a quorum runs).
   void Launch() {
+    died_ = false;
     const std::string client = endpoint();
     const std::string peer = peer_url();
     std::vector<std::string> args = {
@@ -148,6 +167,7 @@ class EtcdServer {
                  int status = 0;
                  if (pid_ > 0 && waitpid(pid_, &status, WNOHANG) == pid_) {
                    pid_ = -1;  // it died
+                   died_ = true;
                    return true;
                  }
                  HttpRequest req;
@@ -181,6 +201,8 @@ class EtcdServer {
   int client_port_ = 0;
   int peer_port_ = 0;
   pid_t pid_ = -1;
+  bool died_ = false;
+  bool started_ = false;  // once healthy, restarts keep the ports
   std::string name_ = "t";
   std::string initial_cluster_;
 };
@@ -188,19 +210,31 @@ class EtcdServer {
 // `n` etcd members on loopback forming one cluster.
 class EtcdCluster {
  public:
-  explicit EtcdCluster(int n) : members_(n) {
-    std::string initial;
-    for (int i = 0; i < n; ++i) {
-      absl::StrAppend(&initial, i ? "," : "", "m", i, "=", members_[i].peer_url());
-    }
-    for (int i = 0; i < n; ++i) members_[i].SetMember(absl::StrCat("m", i), initial);
-  }
+  explicit EtcdCluster(int n) : members_(n) { SetMembers(); }
+  // Starts every member and waits until each is healthy. A first start in
+  // which a member died (a port taken meanwhile) tries new ports, twice.
   bool Start() {
-    for (auto& m : members_) m.Launch();
-    for (auto& m : members_) {
-      if (!m.WaitHealthy(absl::Seconds(30))) return false;
+    for (int attempt = 0;; ++attempt) {
+      for (auto& m : members_) m.Launch();
+      bool healthy = true, died = false;
+      for (auto& m : members_) {
+        if (!m.WaitHealthy(absl::Seconds(30))) {
+          healthy = false;
+          died = m.Died();
+          break;
+        }
+      }
+      if (healthy) {
+        started_ = true;
+        return true;
+      }
+      if (started_ || !died || attempt == 2) return false;
+      for (auto& m : members_) {
+        m.Kill9();
+        m.PickPorts();
+      }
+      SetMembers();
     }
-    return true;
   }
   std::vector<std::string> endpoints() const {
     std::vector<std::string> out;
@@ -216,7 +250,17 @@ class EtcdCluster {
   int size() const { return static_cast<int>(members_.size()); }
 
  private:
+  void SetMembers() {
+    std::string initial;
+    for (size_t i = 0; i < members_.size(); ++i) {
+      absl::StrAppend(&initial, i ? "," : "", "m", i, "=", members_[i].peer_url());
+    }
+    for (size_t i = 0; i < members_.size(); ++i) {
+      members_[i].SetMember(absl::StrCat("m", i), initial);
+    }
+  }
   std::vector<EtcdServer> members_;
+  bool started_ = false;
 };
 
 }  // namespace sandbox
