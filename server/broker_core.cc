@@ -517,8 +517,7 @@ void BrokerCore::AcquireAsync(std::shared_ptr<ExecPlan> shared, RunDone done) {
 }
 
 void BrokerCore::EnsureSessionAsync(const CallContext& ctx, const std::string& session_id,
-                                    const pb::SessionSpec& spec,
-                                    const std::function<bool()>& valid,
+                                    const pb::SessionSpec& spec, const std::function<bool()>& valid,
                                     std::function<void(absl::Status)> then) {
   if (!ValidateSessionId(session_id).ok()) return then(absl::OkStatus());
   {
@@ -542,8 +541,8 @@ void BrokerCore::EnsureSessionAsync(const CallContext& ctx, const std::string& s
   }
   bool would_block = false;
   {
-    absl::StatusOr<Lease> lease = sessions_->TryAcquire(ctx.tenant, session_id, create.get(),
-                                                        &would_block);
+    absl::StatusOr<Lease> lease =
+        sessions_->TryAcquire(ctx.tenant, session_id, create.get(), &would_block);
     // Ready (or a conflict the method reports itself): nothing to create.
     if (!would_block) return then(absl::OkStatus());
   }

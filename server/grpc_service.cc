@@ -94,8 +94,7 @@ BrokerService::BrokerService(BrokerCore* core, const Authenticator* auth, Clock*
                          [req, done](absl::StatusOr<pb::RunResult> r) { done(std::move(r)); });
       });
   RegisterUnary<pb::WriteFileRequest, pb::WriteFileResponse>(
-      6, "WriteFile",
-      creating(&BrokerCore::WriteFile, [](const pb::WriteFileRequest& r) {
+      6, "WriteFile", creating(&BrokerCore::WriteFile, [](const pb::WriteFileRequest& r) {
         return !r.path().empty() && BrokerCore::ValidContents(r.contents(), r.encoding());
       }));
   RegisterUnary<pb::ReadFileRequest, pb::ReadFileResponse>(

@@ -341,12 +341,11 @@ class E2BSandbox final : public Sandbox {
   // The same as a request on the multi handle; `done` runs on its thread.
   void SetTtlAsync(int64_t seconds, std::function<void(absl::Status)> done) {
     const absl::Time now = Clock::Real()->Monotonic();
-    provider_->ControlRequestAsync(
-        "POST", absl::StrCat("/sandboxes/", id(), "/timeout"),
-        absl::StrCat("{\"timeout\":", seconds, "}"),
-        [this, now, seconds, done](absl::StatusOr<HttpResponse> resp) {
-          done(TtlSet(now, seconds, std::move(resp)));
-        });
+    provider_->ControlRequestAsync("POST", absl::StrCat("/sandboxes/", id(), "/timeout"),
+                                   absl::StrCat("{\"timeout\":", seconds, "}"),
+                                   [this, now, seconds, done](absl::StatusOr<HttpResponse> resp) {
+                                     done(TtlSet(now, seconds, std::move(resp)));
+                                   });
   }
   // A timeout request's answer: the new deadline, or why not.
   absl::Status TtlSet(absl::Time now, int64_t seconds, absl::StatusOr<HttpResponse> resp) {

@@ -1575,7 +1575,8 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Start(const std::string&
         "local: the sandbox container did not start (", why.empty() ? "no output" : why, ")"));
   }
   ok = true;
-  auto sandbox = std::make_unique<LocalSandbox>(this, uids_, cgroups_.get(), std::move(parts), spec);
+  auto sandbox =
+      std::make_unique<LocalSandbox>(this, uids_, cgroups_.get(), std::move(parts), spec);
   sandbox->PrepareSpare();
   return std::unique_ptr<Sandbox>(std::move(sandbox));
 }

@@ -1,7 +1,6 @@
 #include "common/process_defaults.h"
 
 #include <gtest/gtest.h>
-
 #include <malloc.h>
 
 #include <cstdlib>

@@ -65,11 +65,10 @@ class Calls {
     req->set_session_id(session);
     req->set_path(path);
     req->set_contents(data);
-    stub_->async()->WriteFile(&c->ctx, req.get(), resp.get(),
-                              [this, c, req, resp](grpc::Status s) {
-                                c->resp.set_output(absl::StrCat("wrote ", resp->bytes_written()));
-                                End(c, s);
-                              });
+    stub_->async()->WriteFile(&c->ctx, req.get(), resp.get(), [this, c, req, resp](grpc::Status s) {
+      c->resp.set_output(absl::StrCat("wrote ", resp->bytes_written()));
+      End(c, s);
+    });
     return c->index;
   }
   int StartSession(const std::string& session, const std::string& token = "token-alpha-123") {
@@ -151,14 +150,13 @@ class ConcurrencyTest : public BrokerFixture {
     return fake.ok() ? std::move(*fake) : nullptr;
   }
   static std::string E2BConfig(const FakeE2B& fake) {
-    nlohmann::json extra = {{"default_provider", "e2b"},
-                            {"max_threads", 4},
-                            {"max_sessions_per_tenant", 100},
-                            {"providers",
-                             {{"e2b",
-                               {{"api_key", "e2b_test_key"},
-                                {"api_url", fake.url()},
-                                {"sandbox_url", fake.url()}}}}}};
+    nlohmann::json extra = {
+        {"default_provider", "e2b"},
+        {"max_threads", 4},
+        {"max_sessions_per_tenant", 100},
+        {"providers",
+         {{"e2b",
+           {{"api_key", "e2b_test_key"}, {"api_url", fake.url()}, {"sandbox_url", fake.url()}}}}}};
     return extra.dump();
   }
 };

@@ -389,7 +389,8 @@ TEST_F(LocalProviderTest, RunsWorkWithoutTheSpareAndSeveralAtOnce) {
     });
   }
   for (auto& t : threads) t.join();
-  for (int i = 0; i < 6; ++i) EXPECT_EQ(outputs[static_cast<size_t>(i)], absl::StrCat("run ", i, "\n"));
+  for (int i = 0; i < 6; ++i)
+    EXPECT_EQ(outputs[static_cast<size_t>(i)], absl::StrCat("run ", i, "\n"));
   // Each run had a group of its own: a timeout kills only its run.
   ExecResult slow = Exec(Language::kShell, "sleep 30 & sleep 30", absl::Milliseconds(300));
   EXPECT_TRUE(slow.timed_out);
