@@ -102,6 +102,7 @@ int main(int argc, char** argv) {
     }
     for (auto& t : ts) t.join();
     if (failed > 0) std::fprintf(stderr, "%d session starts failed\n", failed.load());
+    std::fprintf(stderr, "sessions started; firing\n");  // a mark for profilers
   }
   const Proc before = pid > 0 ? ReadProc(pid) : Proc{};
 

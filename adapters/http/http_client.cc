@@ -1,9 +1,15 @@
 #include "adapters/http/http_client.h"
 
 #include <curl/curl.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <unordered_set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
@@ -100,9 +106,10 @@ HttpClient::~HttpClient() {
     absl::MutexLock l(&multi_mu_);
     stop_ = true;
     multi = static_cast<CURLM*>(multi_);
-    if (multi) curl_multi_wakeup(multi);
+    if (multi) Wake(wake_fd_);
   }
   if (multi_thread_) multi_thread_->join();
+  if (wake_fd_ >= 0) close(wake_fd_);
   {
     absl::MutexLock l(&multi_mu_);
     for (Async* a : adding_) {
@@ -262,20 +269,116 @@ void HttpClient::SendAsync(HttpRequest request, Done done) {
   absl::MutexLock l(&multi_mu_);
   if (multi_ == nullptr) {
     multi_ = curl_multi_init();
+    wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     multi_thread_ = std::make_unique<std::thread>([this] { MultiLoop(); });
   }
   adding_.push_back(a);
-  curl_multi_wakeup(static_cast<CURLM*>(multi_));
+  Wake(wake_fd_);
+}
+
+namespace {
+
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+// The multi loop's sockets and curl's timer: libcurl tells it which sockets
+// to watch (CURLMOPT_SOCKETFUNCTION) and when to call it back
+// (CURLMOPT_TIMERFUNCTION); the loop waits on epoll and acts on exactly the
+// sockets that are ready, so a wakeup costs O(ready), not O(transfers).
+struct MultiSockets {
+  int epoll_fd = -1;
+  SteadyTime timer = SteadyTime::max();
+};
+
+int OnMultiSocket(CURL*, curl_socket_t fd, int what, void* userp, void*) {
+  auto* ms = static_cast<MultiSockets*>(userp);
+  if (what == CURL_POLL_REMOVE) {
+    epoll_ctl(ms->epoll_fd, EPOLL_CTL_DEL, fd, nullptr);  // may be closed already
+    return 0;
+  }
+  epoll_event ev{};
+  ev.events = ((what & CURL_POLL_IN) ? EPOLLIN : 0u) | ((what & CURL_POLL_OUT) ? EPOLLOUT : 0u);
+  ev.data.fd = fd;
+  // A socket curl closed without a REMOVE left epoll by itself: then MOD
+  // finds nothing and it is added anew.
+  if (epoll_ctl(ms->epoll_fd, EPOLL_CTL_MOD, fd, &ev) != 0 && errno == ENOENT) {
+    epoll_ctl(ms->epoll_fd, EPOLL_CTL_ADD, fd, &ev);
+  }
+  return 0;
+}
+
+int OnMultiTimer(CURLM*, long timeout_ms, void* userp) {
+  auto* ms = static_cast<MultiSockets*>(userp);
+  ms->timer = timeout_ms < 0 ? SteadyTime::max()
+                             : std::chrono::steady_clock::now() +
+                                   std::chrono::milliseconds(timeout_ms);
+  return 0;
+}
+
+}  // namespace
+
+void HttpClient::Wake(int fd) {
+  const uint64_t one = 1;
+  if (fd >= 0) (void)!write(fd, &one, sizeof(one));
 }
 
 void HttpClient::MultiLoop() {
   CURLM* multi;
+  int wake_fd;
   {
     absl::MutexLock l(&multi_mu_);
     multi = static_cast<CURLM*>(multi_);
+    wake_fd = wake_fd_;
   }
-  std::vector<Async*> running;
+  MultiSockets ms;
+  ms.epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  epoll_event wake_ev{};
+  wake_ev.events = EPOLLIN;
+  wake_ev.data.fd = wake_fd;
+  epoll_ctl(ms.epoll_fd, EPOLL_CTL_ADD, wake_fd, &wake_ev);
+  curl_multi_setopt(multi, CURLMOPT_SOCKETFUNCTION, OnMultiSocket);
+  curl_multi_setopt(multi, CURLMOPT_SOCKETDATA, &ms);
+  curl_multi_setopt(multi, CURLMOPT_TIMERFUNCTION, OnMultiTimer);
+  curl_multi_setopt(multi, CURLMOPT_TIMERDATA, &ms);
+
+  std::unordered_set<Async*> running;
+  // Removes a finished (or stopped) transfer and calls its `done`.
+  auto finish = [&](Async* a, absl::StatusOr<HttpResponse> r) {
+    curl_multi_remove_handle(multi, a->curl);
+    running.erase(a);
+    curl_slist_free_all(a->headers);
+    ReturnHandle(a->curl);
+    Done done = std::move(a->done);
+    delete a;
+    done(std::move(r));
+  };
+  constexpr auto kCancelSweep = std::chrono::milliseconds(100);
+  SteadyTime next_sweep = std::chrono::steady_clock::now() + kCancelSweep;
+  int still = 0;
   for (;;) {
+    {
+      SteadyTime now = std::chrono::steady_clock::now();
+      SteadyTime until = std::min(ms.timer, next_sweep);
+      int wait_ms = 0;
+      if (until > now) {
+        wait_ms = static_cast<int>(
+            std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count() + 1);
+      }
+      epoll_event events[64];
+      const int n = epoll_wait(ms.epoll_fd, events, 64, wait_ms);
+      for (int i = 0; i < n; ++i) {
+        const int fd = events[i].data.fd;
+        if (fd == wake_fd) {
+          uint64_t count;
+          (void)!read(wake_fd, &count, sizeof(count));
+          continue;
+        }
+        int flags = 0;
+        if (events[i].events & EPOLLIN) flags |= CURL_CSELECT_IN;
+        if (events[i].events & EPOLLOUT) flags |= CURL_CSELECT_OUT;
+        if (events[i].events & (EPOLLERR | EPOLLHUP)) flags |= CURL_CSELECT_ERR;
+        curl_multi_socket_action(multi, fd, flags, &still);
+      }
+    }
     std::vector<Async*> add;
     {
       absl::MutexLock l(&multi_mu_);
@@ -283,34 +386,39 @@ void HttpClient::MultiLoop() {
       add.swap(adding_);
     }
     for (Async* a : add) {
-      curl_multi_add_handle(multi, a->curl);
-      running.push_back(a);
+      running.insert(a);
+      curl_multi_add_handle(multi, a->curl);  // sets curl's timer to "now"
     }
-    int still = 0;
-    curl_multi_perform(multi, &still);
+    const SteadyTime now = std::chrono::steady_clock::now();
+    if (ms.timer <= now) {
+      ms.timer = SteadyTime::max();  // curl sets the next one while it acts
+      curl_multi_socket_action(multi, CURL_SOCKET_TIMEOUT, 0, &still);
+    }
     int queued = 0;
     while (CURLMsg* m = curl_multi_info_read(multi, &queued)) {
       if (m->msg != CURLMSG_DONE) continue;
       Async* a = nullptr;
       curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, reinterpret_cast<char**>(&a));
       const CURLcode rc = m->data.result;
-      curl_multi_remove_handle(multi, a->curl);
-      running.erase(std::find(running.begin(), running.end(), a));
-      curl_slist_free_all(a->headers);
       long status = 0;
       curl_easy_getinfo(a->curl, CURLINFO_RESPONSE_CODE, &status);
       a->response.status = static_cast<int>(status);
-      ReturnHandle(a->curl);
       absl::StatusOr<HttpResponse> r = Result(rc, a->t, a->request, std::move(a->response));
-      Done done = std::move(a->done);
-      delete a;
-      done(std::move(r));
+      finish(a, std::move(r));
     }
-    // Woken by SendAsync; at least every 100 ms for the progress callbacks
-    // (cancellation) and curl's own timers.
-    curl_multi_poll(multi, nullptr, 0, 100, nullptr);
+    // `cancelled` is polled every 100 ms for every transfer, also one whose
+    // sockets are quiet (curl calls the progress callback only for transfers
+    // it acts on).
+    if (now >= next_sweep) {
+      next_sweep = now + kCancelSweep;
+      std::vector<Async*> stopped;
+      for (Async* a : running) {
+        if (a->request.cancelled && a->request.cancelled()) stopped.push_back(a);
+      }
+      for (Async* a : stopped) finish(a, absl::CancelledError("http: transfer stopped"));
+    }
   }
-  for (Async* a : running) {
+  for (Async* a : std::vector<Async*>(running.begin(), running.end())) {
     curl_multi_remove_handle(multi, a->curl);
     curl_slist_free_all(a->headers);
     curl_easy_cleanup(a->curl);
@@ -318,6 +426,9 @@ void HttpClient::MultiLoop() {
     delete a;
     done(absl::CancelledError("http: the client was shut down"));
   }
+  curl_multi_setopt(multi, CURLMOPT_SOCKETFUNCTION, nullptr);
+  curl_multi_setopt(multi, CURLMOPT_TIMERFUNCTION, nullptr);
+  close(ms.epoll_fd);
 }
 
 namespace {

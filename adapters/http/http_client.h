@@ -88,6 +88,7 @@ class HttpClient {
   void* TakeHandle();
   void ReturnHandle(void* handle);
   void MultiLoop();
+  static void Wake(int eventfd);
 
   const std::string user_agent_;
   absl::Mutex mu_;
@@ -98,6 +99,7 @@ class HttpClient {
   void* multi_ ABSL_GUARDED_BY(multi_mu_) = nullptr;
   bool stop_ ABSL_GUARDED_BY(multi_mu_) = false;
   std::vector<Async*> adding_ ABSL_GUARDED_BY(multi_mu_);
+  int wake_fd_ = -1;  // an eventfd the multi loop waits on; set with multi_
   std::unique_ptr<std::thread> multi_thread_;
 };
 

@@ -22,6 +22,7 @@
 #include "adapters/e2b/e2b_wire.h"
 #include "adapters/local/local_provider.h"
 #include "adapters/local/workspace_fs.h"
+#include "common/event_loop.h"
 #include "common/text.h"
 #include "nlohmann/json.hpp"
 #include "tests/fakes/fake_common.h"
@@ -634,9 +635,18 @@ class FakeE2B::Impl {
                                absl::Base64Escape(std::string(data))}}}}}}));
     };
     er.cancelled = [proc] { return proc->killed.load(); };
+    // On the local provider's event loop, no thread per process (500
+    // processes at once must not cost the fake 500 threads polling). The
+    // sandbox stays alive until `done`; its last reference is dropped on
+    // the work pool, never on the loop that runs `done`.
     std::shared_ptr<Sandbox> box = sb->box;
-    std::thread([box, er, stream, proc, sb]() {
-      absl::StatusOr<ExecResult> r = box->Exec(er);
+    box->ExecAsync(er, [box, stream, proc, sb](absl::StatusOr<ExecResult> r) mutable {
+      struct Release {
+        std::shared_ptr<Sandbox>& box;
+        ~Release() {
+          WorkPool::Shared()->Submit([b = std::move(box)] {});
+        }
+      } release{box};
       {
         std::lock_guard<std::mutex> l(sb->procs_mu);
         sb->procs.erase(proc->pid);
@@ -673,7 +683,7 @@ class FakeE2B::Impl {
                     .dump()
               : "{}";
       stream->Push(e2b::EncodeEnvelope(e2b::kFlagEndStream, tail), true);
-    }).detach();
+    });
 
     res.status = 200;
     res.set_chunked_content_provider(
