@@ -3,7 +3,12 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <atomic>
 #include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 
 namespace sandbox {
 namespace {
@@ -70,6 +75,78 @@ TEST(HttpClient, ReusesOneConnectionAndStreamsBodies) {
   auto gone = client.Send(refused);
   EXPECT_EQ(gone.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(IsConnectFailure(gone.status()));
+}
+
+// SendAsync: many transfers at once on the multi loop, each answered; a
+// quiet transfer (its server holds the response) is stopped by `cancelled`
+// without any socket activity; a transfer in flight when the client goes
+// away is answered CANCELLED.
+TEST(HttpClient, AsyncTransfersRunTogetherStopWhenCancelledAndEndWithTheClient) {
+  httplib::Server server;
+  absl::Notification release;
+  server.Get("/n", [](const httplib::Request& req, httplib::Response& res) {
+    res.set_content("n=" + req.get_param_value("i"), "text/plain");
+  });
+  server.Get("/hold", [&](const httplib::Request&, httplib::Response& res) {
+    release.WaitForNotificationWithTimeout(absl::Seconds(60));
+    res.set_content("late", "text/plain");
+  });
+  server.new_task_queue = [] { return new httplib::ThreadPool(80); };
+  server.set_keep_alive_timeout(1);  // stop() waits out idle connections
+  int port = server.bind_to_any_port("127.0.0.1");
+  std::thread t([&] { server.listen_after_bind(); });
+  const std::string base = "http://127.0.0.1:" + std::to_string(port);
+  auto client = std::make_unique<HttpClient>("test-agent");
+
+  constexpr int kCalls = 64;
+  absl::Mutex mu;
+  int answered = 0;
+  std::vector<std::string> bodies(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    HttpRequest req;
+    req.url = base + "/n?i=" + std::to_string(i);
+    client->SendAsync(std::move(req), [&, i](absl::StatusOr<HttpResponse> r) {
+      absl::MutexLock l(&mu);
+      bodies[i] = r.ok() ? r->body : std::string(r.status().message());
+      ++answered;
+    });
+  }
+  {
+    absl::MutexLock l(&mu);
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(
+                                        +[](int* n) { return *n == kCalls; }, &answered),
+                                    absl::Seconds(30)));
+  }
+  for (int i = 0; i < kCalls; ++i) EXPECT_EQ(bodies[i], "n=" + std::to_string(i));
+
+  std::atomic<bool> stop{false};
+  absl::Notification cancelled_done;
+  absl::Status cancelled_status;
+  HttpRequest quiet;
+  quiet.url = base + "/hold";
+  quiet.cancelled = [&] { return stop.load(); };
+  client->SendAsync(std::move(quiet), [&](absl::StatusOr<HttpResponse> r) {
+    cancelled_status = r.status();
+    cancelled_done.Notify();
+  });
+  absl::Notification shutdown_done;
+  absl::Status shutdown_status;
+  HttpRequest held;
+  held.url = base + "/hold";
+  client->SendAsync(std::move(held), [&](absl::StatusOr<HttpResponse> r) {
+    shutdown_status = r.status();
+    shutdown_done.Notify();
+  });
+  stop = true;
+  ASSERT_TRUE(cancelled_done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(cancelled_status.code(), absl::StatusCode::kCancelled) << cancelled_status;
+  EXPECT_FALSE(shutdown_done.HasBeenNotified());
+  client.reset();
+  ASSERT_TRUE(shutdown_done.HasBeenNotified());
+  EXPECT_EQ(shutdown_status.code(), absl::StatusCode::kCancelled) << shutdown_status;
+  release.Notify();
+  server.stop();
+  t.join();
 }
 
 }  // namespace
