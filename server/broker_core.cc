@@ -83,10 +83,6 @@ absl::StatusOr<std::string> Decode(const std::string& contents, pb::Encoding enc
 
 }  // namespace
 
-bool BrokerCore::ValidContents(const std::string& contents, pb::Encoding encoding) {
-  return Decode(contents, encoding, "contents").ok();
-}
-
 absl::Status ValidateSessionId(const std::string& id) {
   if (id.empty() || id.size() > 128) {
     return absl::InvalidArgumentError("session_id must be 1-128 characters of [A-Za-z0-9._:-]");
@@ -470,50 +466,63 @@ void BrokerCore::ExecAsync(std::unique_ptr<ExecPlan> plan, RunDone done) {
 }
 
 void BrokerCore::AcquireAsync(std::shared_ptr<ExecPlan> shared, RunDone done) {
+  // The plan owns its create options: an aliasing pointer keeps both alive.
+  std::shared_ptr<const CreateOptions> create(shared, &shared->create);
+  LeaseAsync(shared->ctx, shared->session_id, std::move(create),
+             [this, shared, done](absl::StatusOr<Lease> lease) mutable {
+               if (!lease.ok()) return done(lease.status());
+               shared->lease = std::move(*lease);
+               if (absl::Status s = Ready(*shared); !s.ok()) return done(s);
+               Start(shared, std::move(done));
+             });
+}
+
+void BrokerCore::LeaseAsync(const CallContext& ctx, const std::string& session_id,
+                            std::shared_ptr<const CreateOptions> create, LeaseDone then) {
   bool would_block = false;
-  absl::StatusOr<sandbox::Lease> lease =
-      sessions_->TryAcquire(shared->ctx.tenant, shared->session_id, &shared->create, &would_block);
-  if (would_block) {
-    // Another call is creating the sandbox: wait for it without a thread
-    // (single-flight); its failure is this call's answer too.
-    if (sessions_->WaitForCreation(shared->ctx.tenant, shared->session_id,
-                                   [this, shared, done](absl::Status settled) mutable {
-                                     if (!settled.ok()) return done(settled);
-                                     AcquireAsync(shared, std::move(done));
-                                   })) {
-      return;
+  absl::StatusOr<Lease> lease =
+      sessions_->TryAcquire(ctx.tenant, session_id, create.get(), &would_block);
+  if (!would_block) return then(std::move(lease));
+  // Another call is creating the sandbox: wait for it without a thread
+  // (single-flight); its failure is this call's answer too.
+  if (sessions_->WaitForCreation(ctx.tenant, session_id,
+                                 [this, ctx, session_id, create, then](absl::Status settled) {
+                                   if (!settled.ok()) return then(settled);
+                                   LeaseAsync(ctx, session_id, create, then);
+                                 })) {
+    return;
+  }
+  // A create or attach of our own. Its short blocking steps (store rows)
+  // run on a thread that may block; a create waits for its slot
+  // (max_concurrent_creates) and for the provider holding no thread.
+  blocking_->Submit([this, ctx, session_id, create, then] {
+    std::optional<RequestIdScope> scope;
+    if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
+    sessions_->AcquireAsync(ctx.tenant, session_id, create.get(),
+                            [this, ctx, create, then](absl::StatusOr<Lease> lease) {
+                              std::optional<RequestIdScope> scope;
+                              if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
+                              then(RefusedIfMaxSessions(ctx, create.get(), std::move(lease)));
+                            });
+  });
+}
+
+void BrokerCore::FailAsync(const CallContext& ctx, const std::string& session_id,
+                           std::shared_ptr<Lease> lease, absl::Status status,
+                           std::function<void(absl::Status)> done) {
+  if (!IsSandboxGone(status)) {
+    if (metrics_) {
+      metrics_->ProviderError(lease->provider(), absl::StatusCodeToString(status.code()));
     }
-    // A create or attach of our own. Its short blocking steps (store rows)
-    // run on a thread that may block; a create waits for its slot
-    // (max_concurrent_creates) and for the provider holding no thread.
-    blocking_->Submit([this, shared, done]() mutable {
-      std::optional<RequestIdScope> scope;
-      if (!shared->ctx.request_id.empty()) scope.emplace(shared->ctx.request_id);
-      sessions_->AcquireAsync(shared->ctx.tenant, shared->session_id, &shared->create,
-                              [this, shared, done](absl::StatusOr<Lease> lease) mutable {
-                                std::optional<RequestIdScope> scope;
-                                if (!shared->ctx.request_id.empty())
-                                  scope.emplace(shared->ctx.request_id);
-                                lease = RefusedIfMaxSessions(shared->ctx, &shared->create,
-                                                             std::move(lease));
-                                if (!lease.ok()) return done(lease.status());
-                                shared->lease = std::move(*lease);
-                                if (absl::Status s = Ready(*shared); !s.ok()) return done(s);
-                                Start(shared, std::move(done));
-                              });
-    });
-    return;
+    lease->Release();
+    return done(status);
   }
-  if (!lease.ok()) {
-    done(lease.status());
-    return;
-  }
-  shared->lease = std::move(*lease);
-  if (absl::Status s = Ready(*shared); !s.ok()) {
-    done(s);
-    return;
-  }
-  Start(shared, std::move(done));
+  // Closing the session destroys its sandbox: not on a provider's thread.
+  blocking_->Submit([this, ctx, session_id, lease, status, done] {
+    std::optional<RequestIdScope> scope;
+    if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
+    done(DropIfGone(ctx, session_id, std::move(*lease), status));
+  });
 }
 
 void BrokerCore::EnsureSessionAsync(const CallContext& ctx, const std::string& session_id,
@@ -546,23 +555,10 @@ void BrokerCore::EnsureSessionAsync(const CallContext& ctx, const std::string& s
     // Ready (or a conflict the method reports itself): nothing to create.
     if (!would_block) return then(absl::OkStatus());
   }
-  auto settled = std::make_shared<std::function<void(absl::Status)>>(std::move(then));
-  if (sessions_->WaitForCreation(ctx.tenant, session_id, [settled](absl::Status s) {
-        // Another call's creation: its failure is this call's answer too.
-        (*settled)(s);
-      })) {
-    return;
-  }
-  blocking_->Submit([this, ctx, session_id, create, settled] {
-    std::optional<RequestIdScope> scope;
-    if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
-    sessions_->AcquireAsync(ctx.tenant, session_id, create.get(),
-                            [this, ctx, create, settled](absl::StatusOr<Lease> lease) {
-                              lease = RefusedIfMaxSessions(ctx, create.get(), std::move(lease));
-                              absl::Status s = lease.status();
-                              if (lease.ok()) lease->Release();
-                              (*settled)(s);
-                            });
+  LeaseAsync(ctx, session_id, std::move(create), [then](absl::StatusOr<Lease> lease) {
+    absl::Status s = lease.status();
+    if (lease.ok()) lease->Release();
+    then(s);
   });
 }
 
@@ -735,6 +731,118 @@ absl::StatusOr<pb::ReadFileResponse> BrokerCore::ReadFile(const CallContext& ctx
                                                             : RepairUtf8(*data));
   }
   return resp;
+}
+
+void BrokerCore::WriteFileAsync(const CallContext& ctx, const pb::WriteFileRequest& req,
+                                Done<pb::WriteFileResponse> done) {
+  std::optional<RequestIdScope> scope;
+  if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
+  absl::StatusOr<Admission> adm = Admit(ctx);
+  if (!adm.ok()) return done(adm.status());
+  if (absl::Status s = ValidateSessionId(req.session_id()); !s.ok()) return done(s);
+  if (req.path().empty()) return done(absl::InvalidArgumentError("path is empty"));
+  absl::StatusOr<std::string> data = Decode(req.contents(), req.encoding(), "contents");
+  if (!data.ok()) return done(data.status());
+  absl::StatusOr<CreateOptions> o = CreateOptionsFor(ctx, *adm, req.spec());
+  if (!o.ok()) return done(o.status());
+  auto bytes = std::make_shared<std::string>(std::move(*data));
+  LeaseAsync(
+      ctx, req.session_id(), std::make_shared<const CreateOptions>(std::move(*o)),
+      [this, ctx, session_id = req.session_id(), path = req.path(), bytes,
+       done](absl::StatusOr<Lease> lease) {
+        if (!lease.ok()) return done(lease.status());
+        if (ctx.provider) *ctx.provider = lease->provider();
+        auto held = std::make_shared<Lease>(std::move(*lease));
+        const int64_t n = static_cast<int64_t>(bytes->size());
+        held->sandbox()->WriteFileAsync(
+            path, std::move(*bytes), [this, ctx, session_id, held, n, done](absl::Status s) {
+              std::optional<RequestIdScope> scope;
+              if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
+              if (!s.ok()) {
+                if (metrics_ && s.code() == absl::StatusCode::kResourceExhausted) {
+                  metrics_->QuotaHit(held->provider(), "disk");
+                }
+                return FailAsync(ctx, session_id, held, s, [done](absl::Status e) { done(e); });
+              }
+              UsageCounters d;
+              d.file_transfer_bytes = n;
+              RecordUsage(ctx, held->provider(), d);
+              held->Release();
+              pb::WriteFileResponse resp;
+              resp.set_bytes_written(n);
+              done(std::move(resp));
+            });
+      });
+}
+
+void BrokerCore::ReadFileAsync(const CallContext& ctx, const pb::ReadFileRequest& req,
+                               Done<pb::ReadFileResponse> done) {
+  std::optional<RequestIdScope> scope;
+  if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
+  absl::StatusOr<Admission> adm = Admit(ctx);
+  if (!adm.ok()) return done(adm.status());
+  if (absl::Status s = ValidateSessionId(req.session_id()); !s.ok()) return done(s);
+  if (req.path().empty()) return done(absl::InvalidArgumentError("path is empty"));
+  if (req.encoding() != pb::ENCODING_UTF8 && req.encoding() != pb::ENCODING_BASE64) {
+    return done(absl::InvalidArgumentError(
+        absl::StrCat("unknown encoding ", static_cast<int>(req.encoding()))));
+  }
+  absl::StatusOr<CreateOptions> o = CreateOptionsFor(ctx, *adm, req.spec());
+  if (!o.ok()) return done(o.status());
+  LeaseAsync(
+      ctx, req.session_id(), std::make_shared<const CreateOptions>(std::move(*o)),
+      [this, ctx, session_id = req.session_id(), path = req.path(), base64 = req.encoding() == pb::ENCODING_BASE64,
+       done](absl::StatusOr<Lease> lease) {
+        if (!lease.ok()) return done(lease.status());
+        if (ctx.provider) *ctx.provider = lease->provider();
+        auto held = std::make_shared<Lease>(std::move(*lease));
+        held->sandbox()->ReadFileAsync(
+            path, [this, ctx, session_id, held, base64,
+                   done](absl::StatusOr<std::optional<std::string>> read) {
+              std::optional<RequestIdScope> scope;
+              if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
+              if (!read.ok()) {
+                return FailAsync(ctx, session_id, held, read.status(),
+                                 [done](absl::Status e) { done(e); });
+              }
+              pb::ReadFileResponse resp;
+              if (read->has_value()) {
+                const std::string& data = **read;
+                UsageCounters d;
+                d.file_transfer_bytes = static_cast<int64_t>(data.size());
+                RecordUsage(ctx, held->provider(), d);
+                resp.set_found(true);
+                resp.set_contents(base64 ? absl::Base64Escape(data) : RepairUtf8(data));
+              }
+              held->Release();
+              done(std::move(resp));
+            });
+      });
+}
+
+void BrokerCore::KeepAliveAsync(const CallContext& ctx, const pb::KeepAliveRequest& req,
+                                Done<pb::KeepAliveResponse> done) {
+  std::optional<RequestIdScope> scope;
+  if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
+  absl::StatusOr<Admission> adm = Admit(ctx);
+  if (!adm.ok()) return done(adm.status());
+  if (absl::Status s = ValidateSessionId(req.session_id()); !s.ok()) return done(s);
+  // Never creates; tells the provider too (for provider-side timers).
+  LeaseAsync(ctx, req.session_id(), nullptr,
+             [this, ctx, session_id = req.session_id(), done](absl::StatusOr<Lease> lease) {
+               if (!lease.ok()) return done(lease.status());
+               auto held = std::make_shared<Lease>(std::move(*lease));
+               held->sandbox()->KeepAliveAsync([this, ctx, session_id, held,
+                                                done](absl::Status s) {
+                 held->Release();
+                 if (!s.ok()) return done(s);
+                 absl::StatusOr<absl::Time> deadline = sessions_->KeepAlive(ctx.tenant, session_id);
+                 if (!deadline.ok()) return done(deadline.status());
+                 pb::KeepAliveResponse resp;
+                 SetTime(*deadline, resp.mutable_idle_expires_at());
+                 done(std::move(resp));
+               });
+             });
 }
 
 }  // namespace sandbox

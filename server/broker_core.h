@@ -91,16 +91,13 @@ class BrokerCore {
   void RunStreamAsync(const CallContext& ctx, const pb::RunRequest& req,
                       std::function<void(OutputStream, absl::string_view)> on_chunk,
                       std::function<bool(std::function<void()>)> output_ready, RunDone done);
-  // For StartSession, WriteFile and ReadFile, whose file transfer blocks:
+  // For StartSession (whose answer is built on a thread that may block):
   // when `session_id` has no sandbox yet, creates it first the way Run does
   // (holding no thread while the provider works), then calls `then` with
   // OK (call the blocking method now: the session is ready, or the request
   // is invalid and the method says why) or the create's error (the answer;
   // do not call the method). `valid` is the method's own checks before it
-  // would create (e.g. a non-empty path), so an invalid request never
-  // creates anything.
-  // Whether WriteFile's contents decode in `encoding`.
-  static bool ValidContents(const std::string& contents, pb::Encoding encoding);
+  // would create, so an invalid request never creates anything.
   void EnsureSessionAsync(const CallContext& ctx, const std::string& session_id,
                           const pb::SessionSpec& spec, const std::function<bool()>& valid,
                           std::function<void(absl::Status)> then);
@@ -113,6 +110,19 @@ class BrokerCore {
 
   absl::StatusOr<pb::KeepAliveResponse> KeepAlive(const CallContext& ctx,
                                                   const pb::KeepAliveRequest& req);
+
+  // WriteFile, ReadFile and KeepAlive holding no thread while they wait: a
+  // new session's create, another call's create, and the provider's
+  // transfer (Sandbox::WriteFileAsync...) are callbacks. `done` as RunAsync:
+  // exactly once, maybe on another thread; `ctx` and `req` are copied.
+  template <typename T>
+  using Done = std::function<void(absl::StatusOr<T>)>;
+  void WriteFileAsync(const CallContext& ctx, const pb::WriteFileRequest& req,
+                      Done<pb::WriteFileResponse> done);
+  void ReadFileAsync(const CallContext& ctx, const pb::ReadFileRequest& req,
+                     Done<pb::ReadFileResponse> done);
+  void KeepAliveAsync(const CallContext& ctx, const pb::KeepAliveRequest& req,
+                      Done<pb::KeepAliveResponse> done);
   absl::StatusOr<pb::ListToolsResponse> ListTools(const CallContext& ctx,
                                                   const pb::ListToolsRequest& req);
   absl::StatusOr<pb::CallToolResponse> CallTool(const CallContext& ctx,
@@ -192,6 +202,20 @@ class BrokerCore {
   // The session's lease without a thread when it is ready or being created
   // by another call; else on the blocking pool. Then Start.
   void AcquireAsync(std::shared_ptr<ExecPlan> plan, RunDone done);
+  // The session's lease holding no thread while a sandbox is made: at once
+  // when it is ready; as a callback when another call is creating it (that
+  // creation's failure is this call's answer too); else a create or attach
+  // of its own, whose short blocking steps (store rows) run on the blocking
+  // pool and whose provider work holds no thread. `create` null = never
+  // create. A max_sessions refusal is audited and named.
+  using LeaseDone = std::function<void(absl::StatusOr<Lease>)>;
+  void LeaseAsync(const CallContext& ctx, const std::string& session_id,
+                  std::shared_ptr<const CreateOptions> create, LeaseDone then);
+  // A provider call's failure under a held lease: DropIfGone, on the
+  // blocking pool when it closes the session (never on a provider thread).
+  void FailAsync(const CallContext& ctx, const std::string& session_id,
+                 std::shared_ptr<Lease> lease, absl::Status status,
+                 std::function<void(absl::Status)> done);
   void Start(std::shared_ptr<ExecPlan> plan, RunDone done);
   Limiter* TenantRunLimiter(const std::string& tenant);
 

@@ -54,7 +54,7 @@ BrokerService::BrokerService(BrokerCore* core, const Authenticator* auth, Clock*
   };
   (void)sizeof(M);
   // A new session's create holds no thread while the provider works; the
-  // file transfer that follows runs on the pool.
+  // short rest of StartSession runs on the pool.
   auto creating = [core](auto call, auto valid) {
     return [core, call, valid](const CallContext& cc, auto req, auto done) {
       core->EnsureSessionAsync(
@@ -93,22 +93,25 @@ BrokerService::BrokerService(BrokerCore* core, const Authenticator* auth, Clock*
         core->ShellAsync(cc, *req,
                          [req, done](absl::StatusOr<pb::RunResult> r) { done(std::move(r)); });
       });
+  // File transfers wait on the provider holding no thread: a new session's
+  // create and the transfer itself are callbacks.
   RegisterUnary<pb::WriteFileRequest, pb::WriteFileResponse>(
-      6, "WriteFile", creating(&BrokerCore::WriteFile, [](const pb::WriteFileRequest& r) {
-        return !r.path().empty() && BrokerCore::ValidContents(r.contents(), r.encoding());
-      }));
+      6, "WriteFile", [core](const CallContext& cc, auto req, auto done) {
+        core->WriteFileAsync(cc, *req, [req, done](auto r) { done(std::move(r)); });
+      });
   RegisterUnary<pb::ReadFileRequest, pb::ReadFileResponse>(
-      7, "ReadFile", creating(&BrokerCore::ReadFile, [](const pb::ReadFileRequest& r) {
-        return !r.path().empty() &&
-               (r.encoding() == pb::ENCODING_UTF8 || r.encoding() == pb::ENCODING_BASE64);
-      }));
+      7, "ReadFile", [core](const CallContext& cc, auto req, auto done) {
+        core->ReadFileAsync(cc, *req, [req, done](auto r) { done(std::move(r)); });
+      });
   MarkMethodRawCallback(
       8, new grpc::internal::CallbackServerStreamingHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
              [this](grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
                return RunStream(ctx, request);
              }));
-  RegisterUnary<pb::KeepAliveRequest, pb::KeepAliveResponse>(9, "KeepAlive",
-                                                             blocking(&BrokerCore::KeepAlive));
+  RegisterUnary<pb::KeepAliveRequest, pb::KeepAliveResponse>(
+      9, "KeepAlive", [core](const CallContext& cc, auto req, auto done) {
+        core->KeepAliveAsync(cc, *req, [req, done](auto r) { done(std::move(r)); });
+      });
   RegisterUnary<pb::ListToolsRequest, pb::ListToolsResponse>(10, "ListTools",
                                                              inline_(&BrokerCore::ListTools));
   using CallToolFn = absl::StatusOr<pb::CallToolResponse> (BrokerCore::*)(

@@ -188,6 +188,18 @@ class Sandbox {
   // own idle timers). Idempotent.
   virtual absl::Status KeepAlive() { return absl::OkStatus(); }
 
+  // WriteFile, ReadFile and KeepAlive without holding the caller's thread,
+  // under ExecAsync's contract: `done` is called exactly once, maybe before
+  // the call returns, maybe on another thread (a provider's HTTP thread: it
+  // must not block), and the caller keeps the sandbox alive until then.
+  // Remote providers send them on their HTTP client's multi handle; the
+  // defaults run the blocking method on WorkPool::Shared().
+  using StatusDone = std::function<void(absl::Status)>;
+  using ReadDone = std::function<void(absl::StatusOr<std::optional<std::string>>)>;
+  virtual void WriteFileAsync(std::string path, std::string data, StatusDone done);
+  virtual void ReadFileAsync(std::string path, ReadDone done);
+  virtual void KeepAliveAsync(StatusDone done);
+
   // The limits applied to this sandbox, and what it uses now; nullopt when
   // the provider does not know.
   virtual std::optional<SandboxResources> Resources() const { return std::nullopt; }

@@ -23,6 +23,20 @@ void Sandbox::ExecAsync(ExecRequest request, ExecDone done) {
       [this, request = std::move(request), done = std::move(done)]() { done(Exec(request)); });
 }
 
+void Sandbox::WriteFileAsync(std::string path, std::string data, StatusDone done) {
+  WorkPool::Shared()->Submit([this, path = std::move(path), data = std::move(data),
+                              done = std::move(done)]() { done(WriteFile(path, data)); });
+}
+
+void Sandbox::ReadFileAsync(std::string path, ReadDone done) {
+  WorkPool::Shared()->Submit(
+      [this, path = std::move(path), done = std::move(done)]() { done(ReadFile(path)); });
+}
+
+void Sandbox::KeepAliveAsync(StatusDone done) {
+  WorkPool::Shared()->Submit([this, done = std::move(done)]() { done(KeepAlive()); });
+}
+
 void Provider::CreateAsync(SandboxSpec spec, SandboxDone done) {
   WorkPool::Shared()->Submit(
       [this, spec = std::move(spec), done = std::move(done)]() { done(Create(spec)); });

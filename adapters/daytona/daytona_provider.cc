@@ -63,11 +63,7 @@ class DaytonaSandbox final : public Sandbox {
     if (absl::Status s = CheckOpen(); !s.ok()) return done(s);
     absl::StatusOr<HttpRequest> http = RunRequest(request);
     if (!http.ok()) return done(http.status());
-    if (ActivityDue()) {
-      provider_->SendAsync(
-          provider_->ApiRequest("POST", absl::StrCat("/sandbox/", id_, "/last-activity"), "{}"),
-          [](absl::StatusOr<HttpResponse>) {});
-    }
+    RefreshActivityAsync(false, nullptr);
     const size_t max_output = request.max_output_bytes;
     auto on_output = request.on_output;
     provider_->SendAsync(std::move(*http),
@@ -144,60 +140,54 @@ class DaytonaSandbox final : public Sandbox {
   absl::Status WriteFile(absl::string_view path, absl::string_view data) override {
     RETURN_IF_ERROR(CheckOpen());
     RETURN_IF_ERROR(CheckRemotePath(path));
-    const std::string p(path);
-    const std::string base = p.substr(p.rfind('/') + 1);
-    MultipartBody m = BuildMultipart(std::vector<MultipartPart>{
-        {"files[0].path", "", "", p},
-        {"files[0].file", base.empty() ? "file" : base, "", std::string(data)}});
-    HttpRequest http;
-    http.method = "POST";
-    http.url = absl::StrCat(toolbox_, "/files/bulk-upload");
-    http.headers = {{"Content-Type", m.content_type}, {"Accept", "*/*"}};
-    http.body = std::move(m.body);
-    http.timeout = absl::Seconds(provider_->config().request_timeout_seconds);
+    HttpRequest http = UploadRequest(std::string(path), data);
     // Best effort: the request that follows reports any other failure;
     // a sandbox Daytona no longer has is reported now.
     if (absl::Status s = RefreshActivity(false); IsSandboxGone(s)) return s;
-    auto resp = provider_->Send(std::move(http));
-    if (!resp.ok())
-      return absl::UnavailableError(absl::StrCat("daytona: write file: ", resp.status().message()));
-    if (resp->status / 100 == 2) return absl::OkStatus();
-    if (resp->status == 404 && !absl::StrContains(resp->body, "DAYTONA_DAEMON")) return Gone();
-    return daytona::HttpError("write file", resp->status, resp->body);
+    return UploadAnswer(provider_->Send(std::move(http)));
   }
 
   absl::StatusOr<std::optional<std::string>> ReadFile(absl::string_view path) override {
     RETURN_IF_ERROR(CheckOpen());
     RETURN_IF_ERROR(CheckRemotePath(path));
     const std::string p(path);
-    HttpRequest http;
-    http.method = "POST";
-    http.url = absl::StrCat(toolbox_, "/files/bulk-download");
-    http.headers = {{"Content-Type", "application/json"}, {"Accept", "multipart/form-data"}};
-    http.body = nlohmann::json({{"paths", {p}}}).dump();
-    http.timeout = absl::Seconds(provider_->config().request_timeout_seconds);
+    HttpRequest http = DownloadRequest(p);
     // Best effort: the request that follows reports any other failure;
     // a sandbox Daytona no longer has is reported now.
     if (absl::Status s = RefreshActivity(false); IsSandboxGone(s)) return s;
-    auto resp = provider_->Send(std::move(http));
-    if (!resp.ok())
-      return absl::UnavailableError(absl::StrCat("daytona: read file: ", resp.status().message()));
-    if (resp->status != 200) {
-      if (resp->status == 404) return Gone();
-      return daytona::HttpError("read file", resp->status, resp->body);
-    }
-    ASSIGN_OR_RETURN(std::vector<daytona::Download> d,
-                     daytona::ParseBulkDownload(resp->Header("content-type"), resp->body, {p}));
-    if (d[0].found) return std::optional<std::string>(std::move(d[0].data));
-    if (d[0].code == "FILE_NOT_FOUND" || d[0].status == 404) return std::optional<std::string>();
-    return daytona::HttpError(
-        "read file", d[0].status,
-        nlohmann::json({{"message", d[0].message}, {"code", d[0].code}}).dump());
+    return DownloadAnswer(provider_->Send(std::move(http)), p);
   }
 
   absl::Status KeepAlive() override {
     RETURN_IF_ERROR(CheckOpen());
     return RefreshActivity(true);
+  }
+
+  // The same three on the HTTP client's multi handle, as ExecAsync: the
+  // activity refresh (when due) goes alongside, unawaited; a vanished
+  // sandbox is reported by the transfer's own 404.
+  void WriteFileAsync(std::string path, std::string data, StatusDone done) override {
+    if (absl::Status s = CheckOpen(); !s.ok()) return done(s);
+    if (absl::Status s = CheckRemotePath(path); !s.ok()) return done(s);
+    RefreshActivityAsync(false, nullptr);
+    provider_->SendAsync(UploadRequest(path, data), [this, done](absl::StatusOr<HttpResponse> r) {
+      done(UploadAnswer(std::move(r)));
+    });
+  }
+
+  void ReadFileAsync(std::string path, ReadDone done) override {
+    if (absl::Status s = CheckOpen(); !s.ok()) return done(s);
+    if (absl::Status s = CheckRemotePath(path); !s.ok()) return done(s);
+    RefreshActivityAsync(false, nullptr);
+    provider_->SendAsync(DownloadRequest(path),
+                         [this, path, done](absl::StatusOr<HttpResponse> r) {
+                           done(DownloadAnswer(std::move(r), path));
+                         });
+  }
+
+  void KeepAliveAsync(StatusDone done) override {
+    if (absl::Status s = CheckOpen(); !s.ok()) return done(s);
+    RefreshActivityAsync(true, std::move(done));
   }
 
   // Graceful restart: the sandbox lives on (its auto-stop timer still runs).
@@ -242,6 +232,81 @@ class DaytonaSandbox final : public Sandbox {
     return true;
   }
 
+  HttpRequest UploadRequest(const std::string& p, absl::string_view data) const {
+    const std::string base = p.substr(p.rfind('/') + 1);
+    MultipartBody m = BuildMultipart(std::vector<MultipartPart>{
+        {"files[0].path", "", "", p},
+        {"files[0].file", base.empty() ? "file" : base, "", std::string(data)}});
+    HttpRequest http;
+    http.method = "POST";
+    http.url = absl::StrCat(toolbox_, "/files/bulk-upload");
+    http.headers = {{"Content-Type", m.content_type}, {"Accept", "*/*"}};
+    http.body = std::move(m.body);
+    http.timeout = absl::Seconds(provider_->config().request_timeout_seconds);
+    return http;
+  }
+
+  absl::Status UploadAnswer(absl::StatusOr<HttpResponse> resp) const {
+    if (!resp.ok())
+      return absl::UnavailableError(absl::StrCat("daytona: write file: ", resp.status().message()));
+    if (resp->status / 100 == 2) return absl::OkStatus();
+    if (resp->status == 404 && !absl::StrContains(resp->body, "DAYTONA_DAEMON")) return Gone();
+    return daytona::HttpError("write file", resp->status, resp->body);
+  }
+
+  HttpRequest DownloadRequest(const std::string& p) const {
+    HttpRequest http;
+    http.method = "POST";
+    http.url = absl::StrCat(toolbox_, "/files/bulk-download");
+    http.headers = {{"Content-Type", "application/json"}, {"Accept", "multipart/form-data"}};
+    http.body = nlohmann::json({{"paths", {p}}}).dump();
+    http.timeout = absl::Seconds(provider_->config().request_timeout_seconds);
+    return http;
+  }
+
+  absl::StatusOr<std::optional<std::string>> DownloadAnswer(absl::StatusOr<HttpResponse> resp,
+                                                            const std::string& p) const {
+    if (!resp.ok())
+      return absl::UnavailableError(absl::StrCat("daytona: read file: ", resp.status().message()));
+    if (resp->status != 200) {
+      if (resp->status == 404) return Gone();
+      return daytona::HttpError("read file", resp->status, resp->body);
+    }
+    ASSIGN_OR_RETURN(std::vector<daytona::Download> d,
+                     daytona::ParseBulkDownload(resp->Header("content-type"), resp->body, {p}));
+    if (d[0].found) return std::optional<std::string>(std::move(d[0].data));
+    if (d[0].code == "FILE_NOT_FOUND" || d[0].status == 404) return std::optional<std::string>();
+    return daytona::HttpError(
+        "read file", d[0].status,
+        nlohmann::json({{"message", d[0].message}, {"code", d[0].code}}).dump());
+  }
+
+  // RefreshActivity on the multi handle; `done` (may be null: unawaited)
+  // gets its answer.
+  void RefreshActivityAsync(bool force, StatusDone done) {
+    if (!force && !ActivityDue()) {
+      if (done) done(absl::OkStatus());
+      return;
+    }
+    if (force) {
+      absl::MutexLock l(&mu_);
+      last_activity_ = Clock::Real()->Monotonic();
+    }
+    provider_->ApiAsync("POST", absl::StrCat("/sandbox/", id_, "/last-activity"), "{}",
+                        [this, done](absl::StatusOr<HttpResponse> resp) {
+                          if (!done) return;
+                          done(ActivityAnswer(std::move(resp)));
+                        });
+  }
+
+  absl::Status ActivityAnswer(absl::StatusOr<HttpResponse> resp) const {
+    if (!resp.ok()) return resp.status();
+    if (resp->status == 404) return Gone();
+    if (resp->status / 100 != 2)
+      return daytona::HttpError("refresh activity", resp->status, resp->body);
+    return absl::OkStatus();
+  }
+
   absl::Status RefreshActivity(bool force) {
     const absl::Time now = Clock::Real()->Monotonic();
     {
@@ -249,12 +314,8 @@ class DaytonaSandbox final : public Sandbox {
       if (!force && now - last_activity_ < kActivityEvery) return absl::OkStatus();
       last_activity_ = now;
     }
-    auto resp = provider_->Api("POST", absl::StrCat("/sandbox/", id_, "/last-activity"), "{}");
-    if (!resp.ok()) return resp.status();
-    if (resp->status == 404) return Gone();
-    if (resp->status / 100 != 2)
-      return daytona::HttpError("refresh activity", resp->status, resp->body);
-    return absl::OkStatus();
+    return ActivityAnswer(
+        provider_->Api("POST", absl::StrCat("/sandbox/", id_, "/last-activity"), "{}"));
   }
 
   DaytonaProvider* const provider_;

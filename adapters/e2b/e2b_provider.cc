@@ -57,6 +57,9 @@ class E2BSandbox final : public Sandbox {
     uint32_t pid = 0;
     bool saw_end_stream = false, timed_out = false, cancelled = false;
     absl::Time deadline;
+    // A large program already uploaded here (the asynchronous path uploads
+    // it before the start request is built).
+    std::string uploaded_file;
   };
 
   absl::StatusOr<ExecResult> Exec(const ExecRequest& request) override {
@@ -70,33 +73,42 @@ class E2BSandbox final : public Sandbox {
   }
 
   // The process stream on the HTTP client's multi handle: no thread waits.
-  // A run that first needs a blocking call (its TTL extended, a large
-  // program uploaded) takes the default path (the blocking pool).
+  // The steps a run may need first (its TTL extended, a large program
+  // uploaded) are requests on the multi handle too.
   void ExecAsync(ExecRequest request, ExecDone done) override {
     if (absl::Status open = CheckOpen(); !open.ok()) return done(open);
-    if (request.argv.empty() && request.language != Language::kShell &&
-        request.code.size() > kInlineCodeBytes) {
-      return Sandbox::ExecAsync(std::move(request), std::move(done));
-    }
     // The run must not outlive the sandbox's own E2B timeout: extended
-    // first when it would (a session's first run, mostly), by a request on
-    // the multi handle too.
-    const absl::Duration needed = request.timeout + ttl_;
-    if (!TtlCovers(needed)) {
-      auto held = std::make_shared<ExecRequest>(std::move(request));
-      SetTtlAsync(absl::ToInt64Seconds(needed + absl::Seconds(59)),
-                  [this, held, done](absl::Status s) {
-                    if (!s.ok()) return done(s);
-                    StartAsync(std::move(*held), done);
-                  });
-      return;
-    }
-    StartAsync(std::move(request), std::move(done));
+    // first when it would (a session's first run, mostly).
+    auto st = std::make_shared<RunState>(request);
+    EnsureTtlAsync(request.timeout + ttl_, [this, st, done](absl::Status s) {
+      if (!s.ok()) return done(s);
+      const ExecRequest& r = st->request;
+      if (!r.argv.empty() || r.language == Language::kShell || r.code.size() <= kInlineCodeBytes) {
+        return StartAsync(st, done);
+      }
+      const std::string file = ProgramFile(r.language);
+      provider_->http()->SendAsync(UploadRequest(file, r.code),
+                                   [this, st, file, done](absl::StatusOr<HttpResponse> resp) {
+                                     if (absl::Status up = UploadAnswer(std::move(resp), "run");
+                                         !up.ok()) {
+                                       return done(up);
+                                     }
+                                     st->uploaded_file = file;
+                                     StartAsync(st, done);
+                                   });
+    });
+  }
+
+  // Where a large program goes: a fresh name in /tmp.
+  static std::string ProgramFile(Language language) {
+    const std::string ext = language == Language::kPython ? "py"
+                            : language == Language::kNode ? "js"
+                                                          : "sh";
+    return absl::StrCat("/tmp/.sandbox-broker-", RandomHex(8), ".", ext);
   }
 
   // The run's Process/Start stream on the multi handle.
-  void StartAsync(ExecRequest request, ExecDone done) {
-    auto st = std::make_shared<RunState>(request);
+  void StartAsync(const std::shared_ptr<RunState>& st, ExecDone done) {
     absl::StatusOr<HttpRequest> http = StartRequest(st, /*may_block=*/false);
     if (!http.ok()) return done(http.status());
     provider_->http()->SendAsync(std::move(*http),
@@ -128,12 +140,12 @@ class E2BSandbox final : public Sandbox {
     } else {
       // Large programs go in a file (a command line has a size limit). The
       // file is unlinked before the interpreter starts.
-      const std::string ext = request.language == Language::kPython ? "py"
-                              : request.language == Language::kNode ? "js"
-                                                                    : "sh";
-      const std::string file = absl::StrCat("/tmp/.sandbox-broker-", RandomHex(8), ".", ext);
-      if (!may_block) return absl::InternalError("e2b: upload on the async path");
-      RETURN_IF_ERROR(Upload(file, request.code, "run"));
+      std::string file = st->uploaded_file;
+      if (file.empty()) {
+        if (!may_block) return absl::InternalError("e2b: upload on the async path");
+        file = ProgramFile(request.language);
+        RETURN_IF_ERROR(Upload(file, request.code, "run"));
+      }
       switch (request.language) {
         case Language::kPython:
           command = absl::StrCat("exec 0<", file, "; rm -f ", file, "; exec python3 -u -");
@@ -273,24 +285,45 @@ class E2BSandbox final : public Sandbox {
     RETURN_IF_ERROR(CheckOpen());
     RETURN_IF_ERROR(CheckRemotePath(path));
     RETURN_IF_ERROR(EnsureTtl(ttl_ / 2));
-    HttpRequest http;
-    http.url = absl::StrCat(envd_, "/files?path=", HttpClient::UrlEncode(path));
-    http.headers = EnvdHeaders();
-    http.timeout = absl::Seconds(provider_->config().request_timeout_seconds);
-    auto resp = provider_->http()->Send(http);
-    if (!resp.ok())
-      return absl::UnavailableError(absl::StrCat("e2b: read file: ", resp.status().message()));
-    if (resp->status == 200) return std::optional<std::string>(std::move(resp->body));
-    if (resp->status == 404) return std::optional<std::string>();
-    if (e2b::IsSandboxGone(resp->status, resp->body)) {
-      return SandboxGoneError(absl::StrCat("e2b: sandbox ", id(), " no longer exists"));
-    }
-    return e2b::HttpError("read file", resp->status, resp->body);
+    return ReadAnswer(provider_->http()->Send(ReadRequest(path)));
   }
 
   absl::Status KeepAlive() override {
     RETURN_IF_ERROR(CheckOpen());
     return EnsureTtl(ttl_);
+  }
+
+  // The same three on the HTTP client's multi handle: the timeout
+  // extension (when due), then the transfer, no thread waiting for either.
+  void WriteFileAsync(std::string path, std::string data, StatusDone done) override {
+    if (absl::Status s = CheckOpen(); !s.ok()) return done(s);
+    if (absl::Status s = CheckRemotePath(path); !s.ok()) return done(s);
+    EnsureTtlAsync(ttl_ / 2, [this, path = std::move(path), data = std::move(data),
+                              done = std::move(done)](absl::Status ttl) mutable {
+      if (!ttl.ok()) return done(ttl);
+      provider_->http()->SendAsync(UploadRequest(path, data),
+                                   [this, done](absl::StatusOr<HttpResponse> resp) {
+                                     done(UploadAnswer(std::move(resp), "write file"));
+                                   });
+    });
+  }
+
+  void ReadFileAsync(std::string path, ReadDone done) override {
+    if (absl::Status s = CheckOpen(); !s.ok()) return done(s);
+    if (absl::Status s = CheckRemotePath(path); !s.ok()) return done(s);
+    EnsureTtlAsync(ttl_ / 2, [this, path = std::move(path),
+                              done = std::move(done)](absl::Status ttl) mutable {
+      if (!ttl.ok()) return done(ttl);
+      provider_->http()->SendAsync(ReadRequest(path),
+                                   [this, done](absl::StatusOr<HttpResponse> resp) {
+                                     done(ReadAnswer(std::move(resp)));
+                                   });
+    });
+  }
+
+  void KeepAliveAsync(StatusDone done) override {
+    if (absl::Status s = CheckOpen(); !s.ok()) return done(s);
+    EnsureTtlAsync(ttl_, std::move(done));
   }
 
   // Graceful restart: the sandbox lives on (its E2B timeout still runs).
@@ -369,7 +402,33 @@ class E2BSandbox final : public Sandbox {
     return SetTtl(absl::ToInt64Seconds(needed + absl::Seconds(59)));
   }
 
-  absl::Status Upload(const std::string& path, const std::string& data, absl::string_view op) {
+  // EnsureTtl on the multi handle: `done` at once when the timeout covers
+  // `needed`, else on the HTTP thread when E2B answered.
+  void EnsureTtlAsync(absl::Duration needed, StatusDone done) {
+    if (TtlCovers(needed)) return done(absl::OkStatus());
+    SetTtlAsync(absl::ToInt64Seconds(needed + absl::Seconds(59)), std::move(done));
+  }
+
+  HttpRequest ReadRequest(absl::string_view path) const {
+    HttpRequest http;
+    http.url = absl::StrCat(envd_, "/files?path=", HttpClient::UrlEncode(path));
+    http.headers = EnvdHeaders();
+    http.timeout = absl::Seconds(provider_->config().request_timeout_seconds);
+    return http;
+  }
+
+  absl::StatusOr<std::optional<std::string>> ReadAnswer(absl::StatusOr<HttpResponse> resp) const {
+    if (!resp.ok())
+      return absl::UnavailableError(absl::StrCat("e2b: read file: ", resp.status().message()));
+    if (resp->status == 200) return std::optional<std::string>(std::move(resp->body));
+    if (resp->status == 404) return std::optional<std::string>();
+    if (e2b::IsSandboxGone(resp->status, resp->body)) {
+      return SandboxGoneError(absl::StrCat("e2b: sandbox ", id(), " no longer exists"));
+    }
+    return e2b::HttpError("read file", resp->status, resp->body);
+  }
+
+  HttpRequest UploadRequest(const std::string& path, const std::string& data) const {
     MultipartBody m = BuildMultipart({{path, data}}, "file");
     HttpRequest http;
     http.method = "POST";
@@ -378,7 +437,14 @@ class E2BSandbox final : public Sandbox {
     http.headers.push_back({"Content-Type", m.content_type});
     http.body = std::move(m.body);
     http.timeout = absl::Seconds(provider_->config().request_timeout_seconds);
-    auto resp = provider_->http()->Send(http);
+    return http;
+  }
+
+  absl::Status Upload(const std::string& path, const std::string& data, absl::string_view op) {
+    return UploadAnswer(provider_->http()->Send(UploadRequest(path, data)), op);
+  }
+
+  absl::Status UploadAnswer(absl::StatusOr<HttpResponse> resp, absl::string_view op) const {
     if (!resp.ok())
       return absl::UnavailableError(absl::StrCat("e2b: ", op, ": ", resp.status().message()));
     if (resp->status == 200) return absl::OkStatus();
