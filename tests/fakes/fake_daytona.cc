@@ -522,6 +522,7 @@ class FakeDaytona::Impl {
     server_.Post(R"(/toolbox/([^/]+)/files/bulk-upload)", [this](const Request& req,
                                                                  Response& res) {
       if (Fault(res, false) || !Auth(req, res)) return;
+      Faults::FileScope in_flight(&faults_);
       auto b = Find(req.matches[1]);
       const std::string path = "/files/bulk-upload";
       if (!b || b->state != "started") {
@@ -564,6 +565,7 @@ class FakeDaytona::Impl {
     server_.Post(R"(/toolbox/([^/]+)/files/bulk-download)", [this](const Request& req,
                                                                    Response& res) {
       if (Fault(res, false) || !Auth(req, res)) return;
+      Faults::FileScope in_flight(&faults_);
       auto b = Find(req.matches[1]);
       const std::string path = "/files/bulk-download";
       if (!b || b->state != "started") {

@@ -524,6 +524,7 @@ class FakeE2B::Impl {
     });
     server_.Get("/files", [this](const Request& req, Response& res) {
       if (Fault(req, res, false)) return;
+      Faults::FileScope in_flight(&faults_);
       auto sb = EnvdSandbox(req, res, true);
       if (!sb) return;
       if (!req.has_param("path")) return ErrorReply(res, 400, "path is required");
@@ -543,6 +544,7 @@ class FakeE2B::Impl {
     });
     server_.Post("/files", [this](const Request& req, Response& res) {
       if (Fault(req, res, false)) return;
+      Faults::FileScope in_flight(&faults_);
       auto sb = EnvdSandbox(req, res, true);
       if (!sb) return;
       std::vector<std::pair<std::string, std::string>> writes;

@@ -33,6 +33,10 @@ struct Faults {
   // answering; connects_in_flight counts those waiting or being answered.
   std::atomic<int> hold_connects{0};
   std::atomic<int> connects_in_flight{0};
+  // The same for file transfers (E2B's /files, Daytona's bulk upload and
+  // download): while nonzero they wait before answering.
+  std::atomic<int> hold_files{0};
+  std::atomic<int> files_in_flight{0};
   std::atomic<int64_t> requests{0};
   // Create requests received so far (counted on arrival, before any fault).
   std::atomic<int64_t> create_requests{0};
@@ -75,6 +79,7 @@ struct Faults {
         {"create_latency_ms", &create_latency_ms},
         {"hold_creates", &hold_creates},
         {"hold_connects", &hold_connects},
+        {"hold_files", &hold_files},
         {"fail_next", &fail_next},
         {"error_every_n", &error_every_n},
         {"rate_limit_next", &rate_limit_next},
@@ -110,20 +115,27 @@ struct Faults {
     while (hold_creates.load() != 0) absl::SleepFor(absl::Milliseconds(2));
   }
 
-  // Counts one connect as in flight while it lives, and waits while
-  // hold_connects is set.
-  class ConnectScope {
+  // Counts one request as in flight while it lives, and waits while its
+  // hold switch is set.
+  class HoldScope {
    public:
-    explicit ConnectScope(Faults* f) : f_(f) {
-      ++f_->connects_in_flight;
-      while (f_->hold_connects.load() != 0) absl::SleepFor(absl::Milliseconds(2));
+    HoldScope(std::atomic<int>* hold, std::atomic<int>* in_flight) : in_flight_(in_flight) {
+      ++*in_flight_;
+      while (hold->load() != 0) absl::SleepFor(absl::Milliseconds(2));
     }
-    ~ConnectScope() { --f_->connects_in_flight; }
-    ConnectScope(const ConnectScope&) = delete;
-    ConnectScope& operator=(const ConnectScope&) = delete;
+    ~HoldScope() { --*in_flight_; }
+    HoldScope(const HoldScope&) = delete;
+    HoldScope& operator=(const HoldScope&) = delete;
 
    private:
-    Faults* const f_;
+    std::atomic<int>* const in_flight_;
+  };
+  // A connect (hold_connects) and a file transfer (hold_files).
+  struct ConnectScope : HoldScope {
+    explicit ConnectScope(Faults* f) : HoldScope(&f->hold_connects, &f->connects_in_flight) {}
+  };
+  struct FileScope : HoldScope {
+    explicit FileScope(Faults* f) : HoldScope(&f->hold_files, &f->files_in_flight) {}
   };
 
   // Applies the switches to one request. `error(res, status, message)`
@@ -169,7 +181,8 @@ struct Faults {
 //   GET  /_fake/stats   {"creates": N, "deletes": N, "dropped": N, "live": N,
 //                        "requests": N, "create_requests": N,
 //                        "creates_in_flight": N,
-//                        "max_creates_in_flight": N, "connects_in_flight": N}
+//                        "max_creates_in_flight": N, "connects_in_flight": N,
+//                        "files_in_flight": N}
 //   POST /_fake/faults  a JSON object of any Faults switches
 inline void AddFakeControlRoutes(httplib::Server& server, Faults& faults,
                                  std::function<int64_t()> live) {
@@ -182,7 +195,8 @@ inline void AddFakeControlRoutes(httplib::Server& server, Faults& faults,
                         {"create_requests", faults.create_requests.load()},
                         {"creates_in_flight", faults.creates_in_flight.load()},
                         {"max_creates_in_flight", faults.max_creates_in_flight.load()},
-                        {"connects_in_flight", faults.connects_in_flight.load()}};
+                        {"connects_in_flight", faults.connects_in_flight.load()},
+                        {"files_in_flight", faults.files_in_flight.load()}};
     res.set_content(j.dump(), "application/json");
   });
   server.Post("/_fake/faults", [&faults](const httplib::Request& req, httplib::Response& res) {

@@ -71,6 +71,20 @@ class Calls {
     });
     return c->index;
   }
+  // Starts a ReadFile (its result: the contents, or "missing").
+  int ReadFile(const std::string& session, const std::string& path,
+               const std::string& token = "token-alpha-123") {
+    auto c = Begin(token);
+    auto req = std::make_shared<pb::ReadFileRequest>();
+    auto resp = std::make_shared<pb::ReadFileResponse>();
+    req->set_session_id(session);
+    req->set_path(path);
+    stub_->async()->ReadFile(&c->ctx, req.get(), resp.get(), [this, c, req, resp](grpc::Status s) {
+      c->resp.set_output(resp->found() ? resp->contents() : "missing");
+      End(c, s);
+    });
+    return c->index;
+  }
   int StartSession(const std::string& session, const std::string& token = "token-alpha-123") {
     auto c = Begin(token);
     auto req = std::make_shared<pb::StartSessionRequest>();
@@ -140,6 +154,7 @@ class Calls {
 class ConcurrencyTest : public BrokerFixture {
  protected:
   void CreatesAllReachTheProvider(Faults& faults);
+  void FileTransfersAllReachTheProvider(Faults& faults);
   // A fake E2B, and the broker's config for it with 4 serving threads.
   std::unique_ptr<FakeE2B> StartFakeE2B() {
     FakeE2B::Options o;
@@ -449,6 +464,72 @@ TEST_F(ConcurrencyTest, E2BCreatesHoldNoThreadWhileTheProviderWorks) {
   ASSERT_NE(fake, nullptr);
   StartBroker(E2BConfig(*fake));
   CreatesAllReachTheProvider(fake->faults());
+}
+
+// File transfers wait on the provider holding no thread: with 4 serving
+// threads, 12 sessions' writes and reads (24 transfers) are all at the fake
+// at once, then all answered.
+void ConcurrencyTest::FileTransfersAllReachTheProvider(Faults& faults) {
+  constexpr int kSessions = 12;
+  {
+    Calls seed(stub_.get());
+    for (int i = 0; i < kSessions; ++i) {
+      seed.WriteFile(absl::StrCat("s", i), "r.txt", absl::StrCat("read me ", i));
+    }
+    seed.Wait();
+    for (int i = 0; i < kSessions; ++i) ASSERT_TRUE(seed.status(i).ok()) << i;
+  }
+  faults.hold_files = 1;
+  Calls calls(stub_.get());
+  for (int i = 0; i < kSessions; ++i) {
+    const std::string session = absl::StrCat("s", i);
+    calls.WriteFile(session, "w.txt", std::string(static_cast<size_t>(i + 1), 'w'));
+    calls.ReadFile(session, "r.txt");
+  }
+  // A transfer that held one of the 4 threads would stop this at 4.
+  EXPECT_TRUE(WaitFor([&] { return faults.files_in_flight.load() == 2 * kSessions; }))
+      << faults.files_in_flight.load() << " transfers in flight";
+  faults.hold_files = 0;
+  calls.Wait();
+  for (int i = 0; i < kSessions; ++i) {
+    ASSERT_TRUE(calls.status(2 * i).ok()) << i << ": " << calls.status(2 * i).error_message();
+    EXPECT_EQ(calls.output(2 * i), absl::StrCat("wrote ", i + 1));
+    ASSERT_TRUE(calls.status(2 * i + 1).ok())
+        << i << ": " << calls.status(2 * i + 1).error_message();
+    EXPECT_EQ(calls.output(2 * i + 1), absl::StrCat("read me ", i));
+  }
+  {
+    Calls check(stub_.get());
+    for (int i = 0; i < kSessions; ++i) check.ReadFile(absl::StrCat("s", i), "w.txt");
+    check.Wait();
+    for (int i = 0; i < kSessions; ++i) {
+      EXPECT_EQ(check.output(i), std::string(static_cast<size_t>(i + 1), 'w')) << i;
+    }
+  }
+  EXPECT_EQ(faults.creates.load(), kSessions);
+  server_.reset();  // before the fake
+}
+
+TEST_F(ConcurrencyTest, E2BFileTransfersHoldNoThread) {
+  std::unique_ptr<FakeE2B> fake = StartFakeE2B();
+  ASSERT_NE(fake, nullptr);
+  StartBroker(E2BConfig(*fake));
+  FileTransfersAllReachTheProvider(fake->faults());
+}
+
+TEST_F(ConcurrencyTest, DaytonaFileTransfersHoldNoThread) {
+  FakeDaytona::Options o;
+  o.api_key = "dtn_test_key";
+  o.timer_thread = false;
+  auto fake = FakeDaytona::Start(o);
+  ASSERT_TRUE(fake.ok()) << fake.status();
+  nlohmann::json extra = {
+      {"default_provider", "daytona"},
+      {"max_threads", 4},
+      {"max_sessions_per_tenant", 100},
+      {"providers", {{"daytona", {{"api_key", "dtn_test_key"}, {"api_url", (*fake)->api_url()}}}}}};
+  StartBroker(extra.dump());
+  FileTransfersAllReachTheProvider((*fake)->faults());
 }
 
 // After a restart each session's sandbox is attached on its first call
