@@ -218,6 +218,29 @@ absl::StatusOr<pb::CloseSessionResponse> BrokerCore::CloseSession(
   return resp;
 }
 
+void BrokerCore::CloseSessionAsync(const CallContext& ctx, const pb::CloseSessionRequest& req,
+                                   Done<pb::CloseSessionResponse> done) {
+  std::optional<RequestIdScope> scope;
+  if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
+  absl::StatusOr<Admission> adm = Admit(ctx);
+  if (!adm.ok()) return done(adm.status());
+  if (absl::Status s = ValidateSessionId(req.session_id()); !s.ok()) return done(s);
+  // Close's waits and the store's rows block: from the pool; the destroy
+  // holds no thread.
+  blocking_->Submit([this, ctx, session_id = req.session_id(), done] {
+    std::optional<RequestIdScope> scope;
+    if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
+    sessions_->CloseAsync(ctx.tenant, session_id, CloseReason::kClient,
+                          [this, ctx, session_id, done](absl::StatusOr<bool> existed) {
+                            if (!existed.ok()) return done(existed.status());
+                            if (runs_ != nullptr) runs_->ForgetSession(ctx.tenant, session_id);
+                            pb::CloseSessionResponse resp;
+                            resp.set_existed(*existed);
+                            done(std::move(resp));
+                          });
+  });
+}
+
 absl::StatusOr<pb::SessionInfo> BrokerCore::GetSession(const CallContext& ctx,
                                                        const pb::GetSessionRequest& req) {
   ASSIGN_OR_RETURN(Admission adm, Admit(ctx));
@@ -938,36 +961,44 @@ absl::StatusOr<pb::CallToolResponse> BrokerCore::CallTool(const CallContext& ctx
   return CallTool(ctx, req, CallToolExtras{});
 }
 
-absl::StatusOr<pb::CallToolResponse> BrokerCore::CallTool(const CallContext& ctx,
-                                                          const pb::CallToolRequest& req,
-                                                          const CallToolExtras& extras) {
+namespace {
+
+pb::CallToolResponse ToolError(const absl::Status& s) {
+  pb::CallToolResponse resp;
+  resp.set_is_error(true);
+  resp.set_content(ToolErrorText(s));
+  return resp;
+}
+
+}  // namespace
+
+// The checks and parsing every tool call starts with. An error is the RPC's
+// answer; a response is the answer now (the model's mistake, as a tool
+// error); else `call` is ready to run.
+absl::StatusOr<std::optional<pb::CallToolResponse>> BrokerCore::PrepareTool(
+    const CallContext& ctx, const pb::CallToolRequest& req, ToolCall* call) {
   // The platform's mistakes are RPC errors; the model's are tool errors.
   ASSIGN_OR_RETURN(Admission adm, Admit(ctx));
   // The nested call reads the same snapshot.
-  CallContext inner = ctx;
-  inner.snapshot = adm.snapshot;
+  call->inner = ctx;
+  call->inner.snapshot = adm.snapshot;
   RETURN_IF_ERROR(ValidateSessionId(req.session_id()));
-  pb::CallToolResponse resp;
-  auto tool_error = [&resp](const absl::Status& s) {
-    resp.set_is_error(true);
-    resp.set_content(ToolErrorText(s));
-    return resp;
-  };
   absl::StatusOr<ToolName> name = ParseToolName(req.name());
-  if (!name.ok()) return tool_error(name.status());
+  if (!name.ok()) return ToolError(name.status());
   if (!req.spec().provider().empty() && req.spec().provider() != name->provider) {
     return absl::InvalidArgumentError(absl::StrCat("spec.provider \"", req.spec().provider(),
                                                    "\" does not match tool ", req.name()));
   }
-  if (absl::Status s = providers_->Find(name->provider).status(); !s.ok()) return tool_error(s);
+  if (absl::Status s = providers_->Find(name->provider).status(); !s.ok()) return ToolError(s);
   absl::StatusOr<ToolArgs> args = ParseToolArgs(name->op, req.arguments_json(), Limits(adm.rules));
-  if (!args.ok()) return tool_error(args.status());
+  if (!args.ok()) return ToolError(args.status());
+  call->op = name->op;
   pb::SessionSpec spec = req.spec();
   spec.set_provider(name->provider);
   switch (name->op) {
     case ToolOp::kRun:
     case ToolOp::kShell: {
-      pb::RunRequest run;
+      pb::RunRequest& run = call->run;
       run.set_session_id(req.session_id());
       run.set_code(args->code);
       run.set_language(name->op == ToolOp::kShell ? pb::LANGUAGE_SHELL : args->language);
@@ -978,6 +1009,70 @@ absl::StatusOr<pb::CallToolResponse> BrokerCore::CallTool(const CallContext& ctx
         RETURN_IF_ERROR(ValidateRunId(req.call_id(), "call_id"));
         run.set_run_id(absl::StrCat("call:", req.call_id()).substr(0, 128));
       }
+      break;
+    }
+    case ToolOp::kWriteFile: {
+      pb::WriteFileRequest& w = call->write;
+      w.set_session_id(req.session_id());
+      w.set_path(args->path);
+      w.set_contents(args->contents);
+      w.set_encoding(args->encoding);
+      *w.mutable_spec() = spec;
+      break;
+    }
+    case ToolOp::kReadFile: {
+      pb::ReadFileRequest& rd = call->read;
+      rd.set_session_id(req.session_id());
+      rd.set_path(args->path);
+      rd.set_encoding(args->encoding);
+      *rd.mutable_spec() = spec;
+      break;
+    }
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<pb::CallToolResponse> BrokerCore::ToolAnswer(const pb::CallToolRequest& req,
+                                                            absl::StatusOr<pb::RunResult> r,
+                                                            pb::RunResult* run_out) {
+  if (!r.ok() && !req.call_id().empty() &&
+      (r.status().code() == absl::StatusCode::kAborted ||
+       r.status().code() == absl::StatusCode::kAlreadyExists)) {
+    return r.status();  // the platform's retry, not the model's mistake
+  }
+  if (!r.ok()) return ToolError(r.status());
+  if (run_out) *run_out = *r;
+  pb::CallToolResponse resp;
+  resp.set_content(FormatRunResult(*r));
+  return resp;
+}
+
+pb::CallToolResponse BrokerCore::ToolAnswer(absl::StatusOr<pb::WriteFileResponse> r) {
+  if (!r.ok()) return ToolError(r.status());
+  pb::CallToolResponse resp;
+  resp.set_content("ok");
+  return resp;
+}
+
+pb::CallToolResponse BrokerCore::ToolAnswer(absl::StatusOr<pb::ReadFileResponse> r, bool* found) {
+  if (!r.ok()) return ToolError(r.status());
+  if (found) *found = r->found();
+  pb::CallToolResponse resp;
+  resp.set_content(r->found() ? r->contents() : kFileNotFound);
+  return resp;
+}
+
+absl::StatusOr<pb::CallToolResponse> BrokerCore::CallTool(const CallContext& ctx,
+                                                          const pb::CallToolRequest& req,
+                                                          const CallToolExtras& extras) {
+  ToolCall call;
+  ASSIGN_OR_RETURN(std::optional<pb::CallToolResponse> early, PrepareTool(ctx, req, &call));
+  if (early.has_value()) return *std::move(early);
+  const CallContext& inner = call.inner;
+  switch (call.op) {
+    case ToolOp::kRun:
+    case ToolOp::kShell: {
+      const pb::RunRequest& run = call.run;
       absl::StatusOr<pb::RunResult> r =
           extras.on_output == nullptr
               ? Run(inner, run)
@@ -986,42 +1081,42 @@ absl::StatusOr<pb::CallToolResponse> BrokerCore::CallTool(const CallContext& ctx
                               ToLanguage(run.language()).value_or(Language::kPython), true,
                               run.code(), run.timeout_seconds(), run.env(), extras.on_output);
                 });
-      if (!r.ok() && !req.call_id().empty() &&
-          (r.status().code() == absl::StatusCode::kAborted ||
-           r.status().code() == absl::StatusCode::kAlreadyExists)) {
-        return r.status();  // the platform's retry, not the model's mistake
-      }
-      if (!r.ok()) return tool_error(r.status());
-      if (extras.run) *extras.run = *r;
-      resp.set_content(FormatRunResult(*r));
-      return resp;
+      return ToolAnswer(req, std::move(r), extras.run);
     }
-    case ToolOp::kWriteFile: {
-      pb::WriteFileRequest w;
-      w.set_session_id(req.session_id());
-      w.set_path(args->path);
-      w.set_contents(args->contents);
-      w.set_encoding(args->encoding);
-      *w.mutable_spec() = spec;
-      absl::StatusOr<pb::WriteFileResponse> r = WriteFile(inner, w);
-      if (!r.ok()) return tool_error(r.status());
-      resp.set_content("ok");
-      return resp;
-    }
-    case ToolOp::kReadFile: {
-      pb::ReadFileRequest rd;
-      rd.set_session_id(req.session_id());
-      rd.set_path(args->path);
-      rd.set_encoding(args->encoding);
-      *rd.mutable_spec() = spec;
-      absl::StatusOr<pb::ReadFileResponse> r = ReadFile(inner, rd);
-      if (!r.ok()) return tool_error(r.status());
-      if (extras.found) *extras.found = r->found();
-      resp.set_content(r->found() ? r->contents() : kFileNotFound);
-      return resp;
-    }
+    case ToolOp::kWriteFile:
+      return ToolAnswer(WriteFile(inner, call.write));
+    case ToolOp::kReadFile:
+      return ToolAnswer(ReadFile(inner, call.read), extras.found);
   }
-  return resp;
+  return pb::CallToolResponse();
+}
+
+void BrokerCore::CallToolAsync(const CallContext& ctx, const pb::CallToolRequest& req,
+                               Done<pb::CallToolResponse> done) {
+  auto call = std::make_shared<ToolCall>();
+  absl::StatusOr<std::optional<pb::CallToolResponse>> early = PrepareTool(ctx, req, call.get());
+  if (!early.ok()) return done(early.status());
+  if (early->has_value()) return done(**std::move(early));
+  switch (call->op) {
+    case ToolOp::kRun:
+    case ToolOp::kShell:
+      // `call` holds the request until `done`.
+      return RunAsync(call->inner, call->run,
+                      [this, call, req, done](absl::StatusOr<pb::RunResult> r) {
+                        done(ToolAnswer(req, std::move(r), nullptr));
+                      });
+    case ToolOp::kWriteFile:
+      return WriteFileAsync(call->inner, call->write,
+                            [done](absl::StatusOr<pb::WriteFileResponse> r) {
+                              done(ToolAnswer(std::move(r)));
+                            });
+    case ToolOp::kReadFile:
+      return ReadFileAsync(call->inner, call->read,
+                           [done](absl::StatusOr<pb::ReadFileResponse> r) {
+                             done(ToolAnswer(std::move(r), nullptr));
+                           });
+  }
+  done(pb::CallToolResponse());
 }
 
 }  // namespace sandbox

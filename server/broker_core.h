@@ -123,6 +123,8 @@ class BrokerCore {
                      Done<pb::ReadFileResponse> done);
   void KeepAliveAsync(const CallContext& ctx, const pb::KeepAliveRequest& req,
                       Done<pb::KeepAliveResponse> done);
+  void CloseSessionAsync(const CallContext& ctx, const pb::CloseSessionRequest& req,
+                         Done<pb::CloseSessionResponse> done);
   absl::StatusOr<pb::ListToolsResponse> ListTools(const CallContext& ctx,
                                                   const pb::ListToolsRequest& req);
   absl::StatusOr<pb::CallToolResponse> CallTool(const CallContext& ctx,
@@ -130,6 +132,10 @@ class BrokerCore {
   absl::StatusOr<pb::CallToolResponse> CallTool(const CallContext& ctx,
                                                 const pb::CallToolRequest& req,
                                                 const CallToolExtras& extras);
+  // CallTool holding no thread while the tool's run or transfer waits
+  // (the gRPC method; no extras). `done` as RunAsync; `req` is copied.
+  void CallToolAsync(const CallContext& ctx, const pb::CallToolRequest& req,
+                     Done<pb::CallToolResponse> done);
 
   // Operators' control (server/policy.h, usage.h, audit.h). Set before
   // serving; each may be null (then: no tenant policy / metering / audit).
@@ -183,6 +189,24 @@ class BrokerCore {
   void RecordUsage(const CallContext& ctx, const std::string& provider, const UsageCounters& d);
 
   // Run/Shell through the ledger when the request carries a run_id.
+  // One tool call, parsed: the nested call's context and request.
+  struct ToolCall {
+    CallContext inner;
+    ToolOp op = ToolOp::kRun;
+    pb::RunRequest run;
+    pb::WriteFileRequest write;
+    pb::ReadFileRequest read;
+  };
+  absl::StatusOr<std::optional<pb::CallToolResponse>> PrepareTool(const CallContext& ctx,
+                                                                  const pb::CallToolRequest& req,
+                                                                  ToolCall* call);
+  // A tool's result as the tool call's answer.
+  static absl::StatusOr<pb::CallToolResponse> ToolAnswer(const pb::CallToolRequest& req,
+                                                         absl::StatusOr<pb::RunResult> r,
+                                                         pb::RunResult* run_out);
+  static pb::CallToolResponse ToolAnswer(absl::StatusOr<pb::WriteFileResponse> r);
+  static pb::CallToolResponse ToolAnswer(absl::StatusOr<pb::ReadFileResponse> r, bool* found);
+
   absl::StatusOr<pb::RunResult> Once(const CallContext& ctx, const std::string& session_id,
                                      const std::string& run_id,
                                      const google::protobuf::Message& req,

@@ -43,11 +43,6 @@ BrokerService::BrokerService(BrokerCore* core, const Authenticator* auth, Clock*
   using M = Mode;
   // The handlers hold the core, not this service: work still running on the
   // pool at shutdown never touches a destroyed service.
-  auto blocking = [core](auto call) {
-    return [core, call](const CallContext& cc, auto req, auto done) {
-      core->blocking_pool()->Submit([core, call, cc, req, done] { done((core->*call)(cc, *req)); });
-    };
-  };
   auto inline_ = [core](auto call) {
     return
         [core, call](const CallContext& cc, auto req, auto done) { done((core->*call)(cc, *req)); };
@@ -70,7 +65,9 @@ BrokerService::BrokerService(BrokerCore* core, const Authenticator* auth, Clock*
       0, "StartSession",
       creating(&BrokerCore::StartSession, [](const pb::StartSessionRequest&) { return true; }));
   RegisterUnary<pb::CloseSessionRequest, pb::CloseSessionResponse>(
-      1, "CloseSession", blocking(&BrokerCore::CloseSession));
+      1, "CloseSession", [core](const CallContext& cc, auto req, auto done) {
+        core->CloseSessionAsync(cc, *req, [req, done](auto r) { done(std::move(r)); });
+      });
   RegisterUnary<pb::GetSessionRequest, pb::SessionInfo>(2, "GetSession",
                                                         inline_(&BrokerCore::GetSession));
   // With more than one broker the listing reads etcd: on the pool.
@@ -114,10 +111,10 @@ BrokerService::BrokerService(BrokerCore* core, const Authenticator* auth, Clock*
       });
   RegisterUnary<pb::ListToolsRequest, pb::ListToolsResponse>(10, "ListTools",
                                                              inline_(&BrokerCore::ListTools));
-  using CallToolFn = absl::StatusOr<pb::CallToolResponse> (BrokerCore::*)(
-      const CallContext&, const pb::CallToolRequest&);
   RegisterUnary<pb::CallToolRequest, pb::CallToolResponse>(
-      11, "CallTool", blocking(static_cast<CallToolFn>(&BrokerCore::CallTool)));
+      11, "CallTool", [core](const CallContext& cc, auto req, auto done) {
+        core->CallToolAsync(cc, *req, [req, done](auto r) { done(std::move(r)); });
+      });
 }
 
 void BrokerService::StartDraining() {

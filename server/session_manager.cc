@@ -624,29 +624,42 @@ absl::StatusOr<Lease> SessionManager::FinishCreate(const std::shared_ptr<Session
   return lease;
 }
 
-void SessionManager::FinishClose(const std::shared_ptr<Session>& s,
-                                 std::shared_ptr<Sandbox> sandbox, CloseReason reason) {
-  SessionRecord rec;
-  bool pending = false;
+// A close's first step, before the destroy: the store's closing row.
+SessionManager::Closing SessionManager::BeginDestroy(const std::shared_ptr<Session>& s,
+                                                     CloseReason reason) {
+  Closing c;
   {
     absl::MutexLock l(&mu_);
-    rec = RecordOf(*s, StoredState::kClosing);
-    pending = s->adopt_pending && !s->sandbox_id.empty();
+    c.rec = RecordOf(*s, StoredState::kClosing);
+    c.pending = s->adopt_pending && !s->sandbox_id.empty();
   }
   // Write-ahead: a crash from here on finishes the destroy at next start.
   // With a shared store the write is fenced, the owner's re-check right
   // before the destroy: refused, another replica owns the session now and
   // its sandbox is theirs, so this one lets go of it instead.
-  bool owned = true;
   if (store_ && reason != CloseReason::kGone) {
-    const absl::Status w = store_->PutSession(rec);
-    if (store_->shared() && w.code() == absl::StatusCode::kFailedPrecondition) owned = false;
+    const absl::Status w = store_->PutSession(c.rec);
+    if (store_->shared() && w.code() == absl::StatusCode::kFailedPrecondition) c.owned = false;
     StoreWrite("closing", w);
   }
-  if (owned && reason != CloseReason::kGone) Failpoint("close.before_destroy");
+  if (c.owned && reason != CloseReason::kGone) Failpoint("close.before_destroy");
+  return c;
+}
+
+void SessionManager::FinishClose(const std::shared_ptr<Session>& s,
+                                 std::shared_ptr<Sandbox> sandbox, CloseReason reason) {
+  FinishCloseFrom(s, std::move(sandbox), BeginDestroy(s, reason), reason);
+}
+
+// The destroy (or the let-go), then EndClose.
+void SessionManager::FinishCloseFrom(const std::shared_ptr<Session>& s,
+                                     std::shared_ptr<Sandbox> sandbox, Closing c,
+                                     CloseReason reason) {
+  const SessionRecord& rec = c.rec;
+  const bool owned = c.owned, pending = c.pending;
   // What the sandbox used, read just before it is destroyed (usage metering
   // counts its CPU seconds at close).
-  std::optional<SandboxUsage> final_usage;
+  std::optional<SandboxUsage>& final_usage = c.final_usage;
   absl::Status st = absl::OkStatus();
   if (!owned) {
     if (sandbox) sandbox->Detach();
@@ -668,6 +681,15 @@ void SessionManager::FinishClose(const std::shared_ptr<Session>& s,
       st = att.status();
     }
   }
+  EndClose(s, std::move(c), reason, st);
+}
+
+// A close's last step, after the destroy: the store's row, the table.
+void SessionManager::EndClose(const std::shared_ptr<Session>& s, Closing c, CloseReason reason,
+                              const absl::Status& st) {
+  SessionRecord& rec = c.rec;
+  const bool owned = c.owned;
+  const std::optional<SandboxUsage>& final_usage = c.final_usage;
   if (store_ && owned) {
     if (reason == CloseReason::kGone) {
       rec.state = StoredState::kGone;  // a tombstone keeping the generation
@@ -732,6 +754,49 @@ absl::StatusOr<bool> SessionManager::Close(const std::string& tenant, const std:
   }
   FinishClose(s, std::move(sandbox), reason);
   return true;
+}
+
+void SessionManager::CloseAsync(const std::string& tenant, const std::string& session_id,
+                                CloseReason reason, CloseDone done) {
+  std::shared_ptr<Session> s;
+  std::shared_ptr<Sandbox> sandbox;
+  {
+    absl::MutexLock l(&mu_);
+    auto t = tenants_.find(tenant);
+    if (t == tenants_.end()) return done(false);
+    auto it = t->second.find(session_id);
+    if (it == t->second.end()) return done(false);
+    s = it->second;
+    if (s->state != SessionStateKind::kReady || s->inflight > 0) {
+      s = nullptr;  // waits first: Close's path, on this thread
+    } else {
+      s->state = SessionStateKind::kClosing;
+      UnindexLocked(s.get());
+      sandbox = std::move(s->sandbox);
+    }
+  }
+  if (s == nullptr) return done(Close(tenant, session_id, reason));
+  Closing c = BeginDestroy(s, reason);
+  if (!c.owned || sandbox == nullptr) {
+    // Nothing for the provider to do, or an attach first: Close's path.
+    FinishCloseFrom(s, std::move(sandbox), std::move(c), reason);
+    return done(true);
+  }
+  c.final_usage = sandbox->Usage();
+  Sandbox* raw = sandbox.get();
+  auto closing = std::make_shared<Closing>(std::move(c));
+  const std::string request_id = CurrentRequestId();
+  raw->DestroyAsync([this, s, sandbox = std::move(sandbox), closing, reason, done,
+                     request_id](absl::Status st) mutable {
+    // The store's rows block: not on the provider's thread. The sandbox
+    // object goes with it.
+    WorkPool::Shared()->Submit([this, s, sandbox = std::move(sandbox), closing, reason, done, st,
+                                request_id] {
+      RequestIdScope scope(request_id);
+      EndClose(s, std::move(*closing), reason, st);
+      done(true);
+    });
+  });
 }
 
 SessionView SessionManager::ViewLocked(const Session& s) const {

@@ -230,6 +230,14 @@ class SessionManager {
   // sandbox exactly once. Returns whether the session existed. Idempotent.
   absl::StatusOr<bool> Close(const std::string& tenant, const std::string& session_id,
                              CloseReason reason = CloseReason::kClient);
+  // Close holding no thread while the provider destroys the sandbox
+  // (Sandbox::DestroyAsync). The steps that block run on the calling thread
+  // (waiting for another call's create or close, or for the session's calls
+  // to finish; the closing row) or on WorkPool::Shared() (the last row),
+  // where `done` is then called.
+  using CloseDone = std::function<void(absl::StatusOr<bool>)>;
+  void CloseAsync(const std::string& tenant, const std::string& session_id, CloseReason reason,
+                  CloseDone done);
 
   absl::StatusOr<SessionView> Get(const std::string& tenant, const std::string& session_id);
 
@@ -278,6 +286,19 @@ class SessionManager {
   // removes the session from the table.
   void FinishClose(const std::shared_ptr<Session>& s, std::shared_ptr<Sandbox> sandbox,
                    CloseReason reason);
+  // FinishClose's steps: the closing row (and whether this process still
+  // owns the session), the destroy, the last row and the table.
+  struct Closing {
+    SessionRecord rec;
+    bool owned = true;
+    bool pending = false;  // recovered, not yet attached
+    std::optional<SandboxUsage> final_usage;
+  };
+  Closing BeginDestroy(const std::shared_ptr<Session>& s, CloseReason reason);
+  void FinishCloseFrom(const std::shared_ptr<Session>& s, std::shared_ptr<Sandbox> sandbox,
+                       Closing c, CloseReason reason);
+  void EndClose(const std::shared_ptr<Session>& s, Closing c, CloseReason reason,
+                const absl::Status& st);
   // Acquire's table work: a lease, an error, or (*fresh set, with its
   // provider) a new session in state creating that the caller must create.
   // With `wake`, another call's creation in progress is not waited for:

@@ -208,6 +208,9 @@ class Sandbox {
   // Destroys the sandbox: kills what runs in it and frees its resources.
   // Idempotent; a sandbox that is already gone is success.
   virtual absl::Status Destroy() = 0;
+  // Destroy under ExecAsync's contract (remote providers: on the multi
+  // handle; the default runs Destroy on WorkPool::Shared()).
+  virtual void DestroyAsync(StatusDone done);
 
   // Lets go of the sandbox without destroying it (graceful restart with a
   // durable store): afterwards the destructor leaves it alive at the

@@ -37,6 +37,10 @@ void Sandbox::KeepAliveAsync(StatusDone done) {
   WorkPool::Shared()->Submit([this, done = std::move(done)]() { done(KeepAlive()); });
 }
 
+void Sandbox::DestroyAsync(StatusDone done) {
+  WorkPool::Shared()->Submit([this, done = std::move(done)]() { done(Destroy()); });
+}
+
 void Provider::CreateAsync(SandboxSpec spec, SandboxDone done) {
   WorkPool::Shared()->Submit(
       [this, spec = std::move(spec), done = std::move(done)]() { done(Create(spec)); });

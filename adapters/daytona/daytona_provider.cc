@@ -202,7 +202,22 @@ class DaytonaSandbox final : public Sandbox {
       if (destroyed_) return absl::OkStatus();
       destroyed_ = true;
     }
-    auto resp = provider_->Api("DELETE", absl::StrCat("/sandbox/", id_), "");
+    return Deleted(provider_->Api("DELETE", absl::StrCat("/sandbox/", id_), ""));
+  }
+
+  void DestroyAsync(StatusDone done) override {
+    {
+      absl::MutexLock l(&mu_);
+      if (destroyed_) return done(absl::OkStatus());
+      destroyed_ = true;
+    }
+    provider_->ApiAsync("DELETE", absl::StrCat("/sandbox/", id_), "",
+                        [done](absl::StatusOr<HttpResponse> resp) {
+                          done(Deleted(std::move(resp)));
+                        });
+  }
+
+  static absl::Status Deleted(absl::StatusOr<HttpResponse> resp) {
     if (!resp.ok()) return resp.status();
     if (resp->status / 100 == 2 || resp->status == 404) return absl::OkStatus();
     return daytona::HttpError("delete sandbox", resp->status, resp->body);

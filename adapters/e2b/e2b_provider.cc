@@ -338,7 +338,22 @@ class E2BSandbox final : public Sandbox {
       if (destroyed_) return absl::OkStatus();
       destroyed_ = true;
     }
-    auto resp = provider_->ControlRequest("DELETE", absl::StrCat("/sandboxes/", id()), "");
+    return Destroyed(provider_->ControlRequest("DELETE", absl::StrCat("/sandboxes/", id()), ""));
+  }
+
+  void DestroyAsync(StatusDone done) override {
+    {
+      absl::MutexLock l(&mu_);
+      if (destroyed_) return done(absl::OkStatus());
+      destroyed_ = true;
+    }
+    provider_->ControlRequestAsync("DELETE", absl::StrCat("/sandboxes/", id()), "",
+                                   [done](absl::StatusOr<HttpResponse> resp) {
+                                     done(Destroyed(std::move(resp)));
+                                   });
+  }
+
+  static absl::Status Destroyed(absl::StatusOr<HttpResponse> resp) {
     if (!resp.ok()) return resp.status();
     if (resp->status / 100 == 2 || resp->status == 404) return absl::OkStatus();  // 404: gone
     return e2b::HttpError("kill sandbox", resp->status, resp->body);

@@ -367,6 +367,7 @@ class FakeDaytona::Impl {
                 });
     server_.Delete(R"(/api/sandbox/([^/]+))", [this](const Request& req, Response& res) {
       if (Fault(res, true) || !Auth(req, res)) return;
+      Faults::DeleteScope in_flight(&faults_);
       auto b = Find(req.matches[1]);
       if (!b)
         return ApiError(

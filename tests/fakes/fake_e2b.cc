@@ -406,6 +406,7 @@ class FakeE2B::Impl {
     });
     server_.Delete(R"(/sandboxes/([^/]+))", [this](const Request& req, Response& res) {
       if (Fault(req, res, true) || !CheckApiKey(req, res)) return;
+      Faults::DeleteScope in_flight(&faults_);
       if (!Vanish(req.matches[1])) {
         return ErrorReply(res, 404,
                           absl::StrCat("sandbox \"", std::string(req.matches[1]), "\" not found"));

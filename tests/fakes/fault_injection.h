@@ -37,6 +37,9 @@ struct Faults {
   // download): while nonzero they wait before answering.
   std::atomic<int> hold_files{0};
   std::atomic<int> files_in_flight{0};
+  // And for deletes (a sandbox's destroy).
+  std::atomic<int> hold_deletes{0};
+  std::atomic<int> deletes_in_flight{0};
   std::atomic<int64_t> requests{0};
   // Create requests received so far (counted on arrival, before any fault).
   std::atomic<int64_t> create_requests{0};
@@ -80,6 +83,7 @@ struct Faults {
         {"hold_creates", &hold_creates},
         {"hold_connects", &hold_connects},
         {"hold_files", &hold_files},
+        {"hold_deletes", &hold_deletes},
         {"fail_next", &fail_next},
         {"error_every_n", &error_every_n},
         {"rate_limit_next", &rate_limit_next},
@@ -137,6 +141,9 @@ struct Faults {
   struct FileScope : HoldScope {
     explicit FileScope(Faults* f) : HoldScope(&f->hold_files, &f->files_in_flight) {}
   };
+  struct DeleteScope : HoldScope {
+    explicit DeleteScope(Faults* f) : HoldScope(&f->hold_deletes, &f->deletes_in_flight) {}
+  };
 
   // Applies the switches to one request. `error(res, status, message)`
   // writes the provider's own error body. True when a fault answered.
@@ -182,7 +189,7 @@ struct Faults {
 //                        "requests": N, "create_requests": N,
 //                        "creates_in_flight": N,
 //                        "max_creates_in_flight": N, "connects_in_flight": N,
-//                        "files_in_flight": N}
+//                        "files_in_flight": N, "deletes_in_flight": N}
 //   POST /_fake/faults  a JSON object of any Faults switches
 inline void AddFakeControlRoutes(httplib::Server& server, Faults& faults,
                                  std::function<int64_t()> live) {
@@ -196,7 +203,8 @@ inline void AddFakeControlRoutes(httplib::Server& server, Faults& faults,
                         {"creates_in_flight", faults.creates_in_flight.load()},
                         {"max_creates_in_flight", faults.max_creates_in_flight.load()},
                         {"connects_in_flight", faults.connects_in_flight.load()},
-                        {"files_in_flight", faults.files_in_flight.load()}};
+                        {"files_in_flight", faults.files_in_flight.load()},
+                        {"deletes_in_flight", faults.deletes_in_flight.load()}};
     res.set_content(j.dump(), "application/json");
   });
   server.Post("/_fake/faults", [&faults](const httplib::Request& req, httplib::Response& res) {

@@ -85,6 +85,35 @@ class Calls {
     });
     return c->index;
   }
+  // Starts a CallTool (its result: the tool's text, "error: " first for a
+  // tool error).
+  int CallTool(const std::string& session, const std::string& tool, const nlohmann::json& args,
+               const std::string& token = "token-alpha-123") {
+    auto c = Begin(token);
+    auto req = std::make_shared<pb::CallToolRequest>();
+    auto resp = std::make_shared<pb::CallToolResponse>();
+    req->set_session_id(session);
+    req->set_name(tool);
+    req->set_arguments_json(args.dump());
+    stub_->async()->CallTool(&c->ctx, req.get(), resp.get(), [this, c, req, resp](grpc::Status s) {
+      c->resp.set_output(absl::StrCat(resp->is_error() ? "error: " : "", resp->content()));
+      End(c, s);
+    });
+    return c->index;
+  }
+  // Starts a CloseSession (its result: "existed" or "absent").
+  int CloseSession(const std::string& session, const std::string& token = "token-alpha-123") {
+    auto c = Begin(token);
+    auto req = std::make_shared<pb::CloseSessionRequest>();
+    auto resp = std::make_shared<pb::CloseSessionResponse>();
+    req->set_session_id(session);
+    stub_->async()->CloseSession(&c->ctx, req.get(), resp.get(),
+                                 [this, c, req, resp](grpc::Status s) {
+                                   c->resp.set_output(resp->existed() ? "existed" : "absent");
+                                   End(c, s);
+                                 });
+    return c->index;
+  }
   int StartSession(const std::string& session, const std::string& token = "token-alpha-123") {
     auto c = Begin(token);
     auto req = std::make_shared<pb::StartSessionRequest>();
@@ -154,7 +183,8 @@ class Calls {
 class ConcurrencyTest : public BrokerFixture {
  protected:
   void CreatesAllReachTheProvider(Faults& faults);
-  void FileTransfersAllReachTheProvider(Faults& faults);
+  // `tools`: as the tools sandbox_<provider>_write_file / read_file.
+  void FileTransfersAllReachTheProvider(Faults& faults, const std::string& tools = "");
   // A fake E2B, and the broker's config for it with 4 serving threads.
   std::unique_ptr<FakeE2B> StartFakeE2B() {
     FakeE2B::Options o;
@@ -468,8 +498,8 @@ TEST_F(ConcurrencyTest, E2BCreatesHoldNoThreadWhileTheProviderWorks) {
 
 // File transfers wait on the provider holding no thread: with 4 serving
 // threads, 12 sessions' writes and reads (24 transfers) are all at the fake
-// at once, then all answered.
-void ConcurrencyTest::FileTransfersAllReachTheProvider(Faults& faults) {
+// at once, then all answered; then their 12 closes' deletes likewise.
+void ConcurrencyTest::FileTransfersAllReachTheProvider(Faults& faults, const std::string& tools) {
   constexpr int kSessions = 12;
   {
     Calls seed(stub_.get());
@@ -483,8 +513,15 @@ void ConcurrencyTest::FileTransfersAllReachTheProvider(Faults& faults) {
   Calls calls(stub_.get());
   for (int i = 0; i < kSessions; ++i) {
     const std::string session = absl::StrCat("s", i);
-    calls.WriteFile(session, "w.txt", std::string(static_cast<size_t>(i + 1), 'w'));
-    calls.ReadFile(session, "r.txt");
+    const std::string w(static_cast<size_t>(i + 1), 'w');
+    if (tools.empty()) {
+      calls.WriteFile(session, "w.txt", w);
+      calls.ReadFile(session, "r.txt");
+    } else {
+      calls.CallTool(session, absl::StrCat("sandbox_", tools, "_write_file"),
+                     {{"path", "w.txt"}, {"contents", w}});
+      calls.CallTool(session, absl::StrCat("sandbox_", tools, "_read_file"), {{"path", "r.txt"}});
+    }
   }
   // A transfer that held one of the 4 threads would stop this at 4.
   EXPECT_TRUE(WaitFor([&] { return faults.files_in_flight.load() == 2 * kSessions; }))
@@ -493,7 +530,7 @@ void ConcurrencyTest::FileTransfersAllReachTheProvider(Faults& faults) {
   calls.Wait();
   for (int i = 0; i < kSessions; ++i) {
     ASSERT_TRUE(calls.status(2 * i).ok()) << i << ": " << calls.status(2 * i).error_message();
-    EXPECT_EQ(calls.output(2 * i), absl::StrCat("wrote ", i + 1));
+    EXPECT_EQ(calls.output(2 * i), tools.empty() ? absl::StrCat("wrote ", i + 1) : "ok");
     ASSERT_TRUE(calls.status(2 * i + 1).ok())
         << i << ": " << calls.status(2 * i + 1).error_message();
     EXPECT_EQ(calls.output(2 * i + 1), absl::StrCat("read me ", i));
@@ -507,6 +544,22 @@ void ConcurrencyTest::FileTransfersAllReachTheProvider(Faults& faults) {
     }
   }
   EXPECT_EQ(faults.creates.load(), kSessions);
+  // Closes wait on the provider's delete holding no thread either.
+  faults.hold_deletes = 1;
+  {
+    Calls closes(stub_.get());
+    for (int i = 0; i < kSessions; ++i) closes.CloseSession(absl::StrCat("s", i));
+    EXPECT_TRUE(WaitFor([&] { return faults.deletes_in_flight.load() == kSessions; }))
+        << faults.deletes_in_flight.load() << " deletes in flight";
+    faults.hold_deletes = 0;
+    closes.Wait();
+    for (int i = 0; i < kSessions; ++i) {
+      ASSERT_TRUE(closes.status(i).ok()) << i << ": " << closes.status(i).error_message();
+      EXPECT_EQ(closes.output(i), "existed") << i;
+    }
+  }
+  EXPECT_EQ(faults.deletes.load(), kSessions);
+  EXPECT_EQ(server_->sessions()->size(), 0);
   server_.reset();  // before the fake
 }
 
@@ -515,6 +568,14 @@ TEST_F(ConcurrencyTest, E2BFileTransfersHoldNoThread) {
   ASSERT_NE(fake, nullptr);
   StartBroker(E2BConfig(*fake));
   FileTransfersAllReachTheProvider(fake->faults());
+}
+
+// The same through gRPC CallTool (the agent's tool calls).
+TEST_F(ConcurrencyTest, E2BToolCallsHoldNoThread) {
+  std::unique_ptr<FakeE2B> fake = StartFakeE2B();
+  ASSERT_NE(fake, nullptr);
+  StartBroker(E2BConfig(*fake));
+  FileTransfersAllReachTheProvider(fake->faults(), "e2b");
 }
 
 TEST_F(ConcurrencyTest, DaytonaFileTransfersHoldNoThread) {
