@@ -8,6 +8,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "common/text.h"
@@ -704,78 +705,71 @@ absl::StatusOr<pb::RunResult> BrokerCore::Shell(const CallContext& ctx,
   });
 }
 
+namespace {
+
+// Waits on this thread for an asynchronous call's answer (the caller's own
+// thread, never one of the pools the call itself may need).
+template <typename T, typename Start>
+absl::StatusOr<T> AwaitAnswer(Start start) {
+  absl::Notification settled;
+  absl::StatusOr<T> answer = absl::UnknownError("no answer");
+  start([&](absl::StatusOr<T> r) {
+    answer = std::move(r);
+    settled.Notify();
+  });
+  settled.WaitForNotification();
+  return answer;
+}
+
+}  // namespace
+
 absl::StatusOr<pb::WriteFileResponse> BrokerCore::WriteFile(const CallContext& ctx,
                                                             const pb::WriteFileRequest& req) {
-  ASSIGN_OR_RETURN(Admission adm, Admit(ctx));
-  RETURN_IF_ERROR(ValidateSessionId(req.session_id()));
-  if (req.path().empty()) return absl::InvalidArgumentError("path is empty");
-  ASSIGN_OR_RETURN(std::string data, Decode(req.contents(), req.encoding(), "contents"));
-  ASSIGN_OR_RETURN(CreateOptions o, CreateOptionsFor(ctx, adm, req.spec()));
-  ASSIGN_OR_RETURN(Lease lease, AcquireFor(ctx, req.session_id(), &o));
-  if (ctx.provider) *ctx.provider = lease.provider();
-  if (absl::Status s = lease.sandbox()->WriteFile(req.path(), data); !s.ok()) {
-    if (metrics_ && s.code() == absl::StatusCode::kResourceExhausted) {
-      metrics_->QuotaHit(lease.provider(), "disk");
-    }
-    return DropIfGone(ctx, req.session_id(), std::move(lease), s);
-  }
-  {
-    UsageCounters d;
-    d.file_transfer_bytes = static_cast<int64_t>(data.size());
-    RecordUsage(ctx, lease.provider(), d);
-  }
-  pb::WriteFileResponse resp;
-  resp.set_bytes_written(static_cast<int64_t>(data.size()));
-  return resp;
+  return AwaitAnswer<pb::WriteFileResponse>(
+      [&](Done<pb::WriteFileResponse> done) { WriteFileAsync(ctx, req, std::move(done)); });
 }
 
 absl::StatusOr<pb::ReadFileResponse> BrokerCore::ReadFile(const CallContext& ctx,
                                                           const pb::ReadFileRequest& req) {
-  ASSIGN_OR_RETURN(Admission adm, Admit(ctx));
-  RETURN_IF_ERROR(ValidateSessionId(req.session_id()));
-  if (req.path().empty()) return absl::InvalidArgumentError("path is empty");
-  if (req.encoding() != pb::ENCODING_UTF8 && req.encoding() != pb::ENCODING_BASE64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown encoding ", static_cast<int>(req.encoding())));
-  }
-  ASSIGN_OR_RETURN(CreateOptions o, CreateOptionsFor(ctx, adm, req.spec()));
-  ASSIGN_OR_RETURN(Lease lease, AcquireFor(ctx, req.session_id(), &o));
-  if (ctx.provider) *ctx.provider = lease.provider();
-  absl::StatusOr<std::optional<std::string>> read = lease.sandbox()->ReadFile(req.path());
-  if (!read.ok()) return DropIfGone(ctx, req.session_id(), std::move(lease), read.status());
-  std::optional<std::string>& data = *read;
-  pb::ReadFileResponse resp;
-  if (data.has_value()) {
-    UsageCounters d;
-    d.file_transfer_bytes = static_cast<int64_t>(data->size());
-    RecordUsage(ctx, lease.provider(), d);
-    resp.set_found(true);
-    resp.set_contents(req.encoding() == pb::ENCODING_BASE64 ? absl::Base64Escape(*data)
-                                                            : RepairUtf8(*data));
-  }
-  return resp;
+  return AwaitAnswer<pb::ReadFileResponse>(
+      [&](Done<pb::ReadFileResponse> done) { ReadFileAsync(ctx, req, std::move(done)); });
+}
+
+void BrokerCore::FileLeaseAsync(const CallContext& ctx, const std::string& session_id,
+                                const std::string& path, const pb::SessionSpec& spec,
+                                const std::function<absl::Status()>& check, FileLeaseDone then) {
+  std::optional<RequestIdScope> scope;
+  if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
+  absl::StatusOr<Admission> adm = Admit(ctx);
+  if (!adm.ok()) return then(adm.status());
+  if (absl::Status s = ValidateSessionId(session_id); !s.ok()) return then(s);
+  if (path.empty()) return then(absl::InvalidArgumentError("path is empty"));
+  if (absl::Status s = check(); !s.ok()) return then(s);
+  absl::StatusOr<CreateOptions> o = CreateOptionsFor(ctx, *adm, spec);
+  if (!o.ok()) return then(o.status());
+  LeaseAsync(ctx, session_id, std::make_shared<const CreateOptions>(std::move(*o)),
+             [ctx, then](absl::StatusOr<Lease> lease) {
+               if (!lease.ok()) return then(lease.status());
+               if (ctx.provider) *ctx.provider = lease->provider();
+               then(std::make_shared<Lease>(std::move(*lease)));
+             });
 }
 
 void BrokerCore::WriteFileAsync(const CallContext& ctx, const pb::WriteFileRequest& req,
                                 Done<pb::WriteFileResponse> done) {
-  std::optional<RequestIdScope> scope;
-  if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
-  absl::StatusOr<Admission> adm = Admit(ctx);
-  if (!adm.ok()) return done(adm.status());
-  if (absl::Status s = ValidateSessionId(req.session_id()); !s.ok()) return done(s);
-  if (req.path().empty()) return done(absl::InvalidArgumentError("path is empty"));
-  absl::StatusOr<std::string> data = Decode(req.contents(), req.encoding(), "contents");
-  if (!data.ok()) return done(data.status());
-  absl::StatusOr<CreateOptions> o = CreateOptionsFor(ctx, *adm, req.spec());
-  if (!o.ok()) return done(o.status());
-  auto bytes = std::make_shared<std::string>(std::move(*data));
-  LeaseAsync(
-      ctx, req.session_id(), std::make_shared<const CreateOptions>(std::move(*o)),
+  auto bytes = std::make_shared<std::string>();
+  auto decode = [&req, bytes] {
+    absl::StatusOr<std::string> data = Decode(req.contents(), req.encoding(), "contents");
+    if (!data.ok()) return data.status();
+    *bytes = std::move(*data);
+    return absl::OkStatus();
+  };
+  FileLeaseAsync(
+      ctx, req.session_id(), req.path(), req.spec(), decode,
       [this, ctx, session_id = req.session_id(), path = req.path(), bytes,
-       done](absl::StatusOr<Lease> lease) {
+       done](absl::StatusOr<std::shared_ptr<Lease>> lease) {
         if (!lease.ok()) return done(lease.status());
-        if (ctx.provider) *ctx.provider = lease->provider();
-        auto held = std::make_shared<Lease>(std::move(*lease));
+        std::shared_ptr<Lease> held = std::move(*lease);
         const int64_t n = static_cast<int64_t>(bytes->size());
         held->sandbox()->WriteFileAsync(
             path, std::move(*bytes), [this, ctx, session_id, held, n, done](absl::Status s) {
@@ -800,47 +794,40 @@ void BrokerCore::WriteFileAsync(const CallContext& ctx, const pb::WriteFileReque
 
 void BrokerCore::ReadFileAsync(const CallContext& ctx, const pb::ReadFileRequest& req,
                                Done<pb::ReadFileResponse> done) {
-  std::optional<RequestIdScope> scope;
-  if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
-  absl::StatusOr<Admission> adm = Admit(ctx);
-  if (!adm.ok()) return done(adm.status());
-  if (absl::Status s = ValidateSessionId(req.session_id()); !s.ok()) return done(s);
-  if (req.path().empty()) return done(absl::InvalidArgumentError("path is empty"));
-  if (req.encoding() != pb::ENCODING_UTF8 && req.encoding() != pb::ENCODING_BASE64) {
-    return done(absl::InvalidArgumentError(
-        absl::StrCat("unknown encoding ", static_cast<int>(req.encoding()))));
-  }
-  absl::StatusOr<CreateOptions> o = CreateOptionsFor(ctx, *adm, req.spec());
-  if (!o.ok()) return done(o.status());
-  LeaseAsync(
-      ctx, req.session_id(), std::make_shared<const CreateOptions>(std::move(*o)),
-      [this, ctx, session_id = req.session_id(), path = req.path(), base64 = req.encoding() == pb::ENCODING_BASE64,
-       done](absl::StatusOr<Lease> lease) {
-        if (!lease.ok()) return done(lease.status());
-        if (ctx.provider) *ctx.provider = lease->provider();
-        auto held = std::make_shared<Lease>(std::move(*lease));
-        held->sandbox()->ReadFileAsync(
-            path, [this, ctx, session_id, held, base64,
-                   done](absl::StatusOr<std::optional<std::string>> read) {
-              std::optional<RequestIdScope> scope;
-              if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
-              if (!read.ok()) {
-                return FailAsync(ctx, session_id, held, read.status(),
-                                 [done](absl::Status e) { done(e); });
-              }
-              pb::ReadFileResponse resp;
-              if (read->has_value()) {
-                const std::string& data = **read;
-                UsageCounters d;
-                d.file_transfer_bytes = static_cast<int64_t>(data.size());
-                RecordUsage(ctx, held->provider(), d);
-                resp.set_found(true);
-                resp.set_contents(base64 ? absl::Base64Escape(data) : RepairUtf8(data));
-              }
-              held->Release();
-              done(std::move(resp));
-            });
-      });
+  const pb::Encoding encoding = req.encoding();
+  auto known_encoding = [encoding] {
+    if (encoding == pb::ENCODING_UTF8 || encoding == pb::ENCODING_BASE64) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown encoding ", static_cast<int>(encoding)));
+  };
+  FileLeaseAsync(ctx, req.session_id(), req.path(), req.spec(), known_encoding,
+                 [this, ctx, session_id = req.session_id(), path = req.path(),
+                  base64 = encoding == pb::ENCODING_BASE64,
+                  done](absl::StatusOr<std::shared_ptr<Lease>> lease) {
+                   if (!lease.ok()) return done(lease.status());
+                   std::shared_ptr<Lease> held = std::move(*lease);
+                   held->sandbox()->ReadFileAsync(
+                       path, [this, ctx, session_id, held, base64,
+                              done](absl::StatusOr<std::optional<std::string>> read) {
+                         std::optional<RequestIdScope> scope;
+                         if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
+                         if (!read.ok()) {
+                           return FailAsync(ctx, session_id, held, read.status(),
+                                            [done](absl::Status e) { done(e); });
+                         }
+                         pb::ReadFileResponse resp;
+                         if (read->has_value()) {
+                           const std::string& data = **read;
+                           UsageCounters d;
+                           d.file_transfer_bytes = static_cast<int64_t>(data.size());
+                           RecordUsage(ctx, held->provider(), d);
+                           resp.set_found(true);
+                           resp.set_contents(base64 ? absl::Base64Escape(data) : RepairUtf8(data));
+                         }
+                         held->Release();
+                         done(std::move(resp));
+                       });
+                 });
 }
 
 void BrokerCore::KeepAliveAsync(const CallContext& ctx, const pb::KeepAliveRequest& req,
@@ -855,8 +842,7 @@ void BrokerCore::KeepAliveAsync(const CallContext& ctx, const pb::KeepAliveReque
              [this, ctx, session_id = req.session_id(), done](absl::StatusOr<Lease> lease) {
                if (!lease.ok()) return done(lease.status());
                auto held = std::make_shared<Lease>(std::move(*lease));
-               held->sandbox()->KeepAliveAsync([this, ctx, session_id, held,
-                                                done](absl::Status s) {
+               held->sandbox()->KeepAliveAsync([this, ctx, session_id, held, done](absl::Status s) {
                  held->Release();
                  if (!s.ok()) return done(s);
                  absl::StatusOr<absl::Time> deadline = sessions_->KeepAlive(ctx.tenant, session_id);
@@ -1106,15 +1092,13 @@ void BrokerCore::CallToolAsync(const CallContext& ctx, const pb::CallToolRequest
                         done(ToolAnswer(req, std::move(r), nullptr));
                       });
     case ToolOp::kWriteFile:
-      return WriteFileAsync(call->inner, call->write,
-                            [done](absl::StatusOr<pb::WriteFileResponse> r) {
-                              done(ToolAnswer(std::move(r)));
-                            });
+      return WriteFileAsync(
+          call->inner, call->write,
+          [done](absl::StatusOr<pb::WriteFileResponse> r) { done(ToolAnswer(std::move(r))); });
     case ToolOp::kReadFile:
-      return ReadFileAsync(call->inner, call->read,
-                           [done](absl::StatusOr<pb::ReadFileResponse> r) {
-                             done(ToolAnswer(std::move(r), nullptr));
-                           });
+      return ReadFileAsync(call->inner, call->read, [done](absl::StatusOr<pb::ReadFileResponse> r) {
+        done(ToolAnswer(std::move(r), nullptr));
+      });
   }
   done(pb::CallToolResponse());
 }

@@ -235,6 +235,12 @@ class BrokerCore {
   using LeaseDone = std::function<void(absl::StatusOr<Lease>)>;
   void LeaseAsync(const CallContext& ctx, const std::string& session_id,
                   std::shared_ptr<const CreateOptions> create, LeaseDone then);
+  // WriteFile's and ReadFile's start: admission, the session id and path,
+  // `check` (the method's own), the create options, then the lease.
+  using FileLeaseDone = std::function<void(absl::StatusOr<std::shared_ptr<Lease>>)>;
+  void FileLeaseAsync(const CallContext& ctx, const std::string& session_id,
+                      const std::string& path, const pb::SessionSpec& spec,
+                      const std::function<absl::Status()>& check, FileLeaseDone then);
   // A provider call's failure under a held lease: DropIfGone, on the
   // blocking pool when it closes the session (never on a provider thread).
   void FailAsync(const CallContext& ctx, const std::string& session_id,

@@ -790,12 +790,12 @@ void SessionManager::CloseAsync(const std::string& tenant, const std::string& se
                      request_id](absl::Status st) mutable {
     // The store's rows block: not on the provider's thread. The sandbox
     // object goes with it.
-    WorkPool::Shared()->Submit([this, s, sandbox = std::move(sandbox), closing, reason, done, st,
-                                request_id] {
-      RequestIdScope scope(request_id);
-      EndClose(s, std::move(*closing), reason, st);
-      done(true);
-    });
+    WorkPool::Shared()->Submit(
+        [this, s, sandbox = std::move(sandbox), closing, reason, done, st, request_id] {
+          RequestIdScope scope(request_id);
+          EndClose(s, std::move(*closing), reason, st);
+          done(true);
+        });
   });
 }
 

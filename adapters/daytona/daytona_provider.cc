@@ -179,10 +179,9 @@ class DaytonaSandbox final : public Sandbox {
     if (absl::Status s = CheckOpen(); !s.ok()) return done(s);
     if (absl::Status s = CheckRemotePath(path); !s.ok()) return done(s);
     RefreshActivityAsync(false, nullptr);
-    provider_->SendAsync(DownloadRequest(path),
-                         [this, path, done](absl::StatusOr<HttpResponse> r) {
-                           done(DownloadAnswer(std::move(r), path));
-                         });
+    provider_->SendAsync(DownloadRequest(path), [this, path, done](absl::StatusOr<HttpResponse> r) {
+      done(DownloadAnswer(std::move(r), path));
+    });
   }
 
   void KeepAliveAsync(StatusDone done) override {
@@ -211,10 +210,9 @@ class DaytonaSandbox final : public Sandbox {
       if (destroyed_) return done(absl::OkStatus());
       destroyed_ = true;
     }
-    provider_->ApiAsync("DELETE", absl::StrCat("/sandbox/", id_), "",
-                        [done](absl::StatusOr<HttpResponse> resp) {
-                          done(Deleted(std::move(resp)));
-                        });
+    provider_->ApiAsync(
+        "DELETE", absl::StrCat("/sandbox/", id_), "",
+        [done](absl::StatusOr<HttpResponse> resp) { done(Deleted(std::move(resp))); });
   }
 
   static absl::Status Deleted(absl::StatusOr<HttpResponse> resp) {

@@ -87,15 +87,14 @@ class E2BSandbox final : public Sandbox {
         return StartAsync(st, done);
       }
       const std::string file = ProgramFile(r.language);
-      provider_->http()->SendAsync(UploadRequest(file, r.code),
-                                   [this, st, file, done](absl::StatusOr<HttpResponse> resp) {
-                                     if (absl::Status up = UploadAnswer(std::move(resp), "run");
-                                         !up.ok()) {
-                                       return done(up);
-                                     }
-                                     st->uploaded_file = file;
-                                     StartAsync(st, done);
-                                   });
+      provider_->http()->SendAsync(
+          UploadRequest(file, r.code), [this, st, file, done](absl::StatusOr<HttpResponse> resp) {
+            if (absl::Status up = UploadAnswer(std::move(resp), "run"); !up.ok()) {
+              return done(up);
+            }
+            st->uploaded_file = file;
+            StartAsync(st, done);
+          });
     });
   }
 
@@ -311,14 +310,14 @@ class E2BSandbox final : public Sandbox {
   void ReadFileAsync(std::string path, ReadDone done) override {
     if (absl::Status s = CheckOpen(); !s.ok()) return done(s);
     if (absl::Status s = CheckRemotePath(path); !s.ok()) return done(s);
-    EnsureTtlAsync(ttl_ / 2, [this, path = std::move(path),
-                              done = std::move(done)](absl::Status ttl) mutable {
-      if (!ttl.ok()) return done(ttl);
-      provider_->http()->SendAsync(ReadRequest(path),
-                                   [this, done](absl::StatusOr<HttpResponse> resp) {
-                                     done(ReadAnswer(std::move(resp)));
-                                   });
-    });
+    EnsureTtlAsync(
+        ttl_ / 2, [this, path = std::move(path), done = std::move(done)](absl::Status ttl) mutable {
+          if (!ttl.ok()) return done(ttl);
+          provider_->http()->SendAsync(ReadRequest(path),
+                                       [this, done](absl::StatusOr<HttpResponse> resp) {
+                                         done(ReadAnswer(std::move(resp)));
+                                       });
+        });
   }
 
   void KeepAliveAsync(StatusDone done) override {
@@ -347,10 +346,9 @@ class E2BSandbox final : public Sandbox {
       if (destroyed_) return done(absl::OkStatus());
       destroyed_ = true;
     }
-    provider_->ControlRequestAsync("DELETE", absl::StrCat("/sandboxes/", id()), "",
-                                   [done](absl::StatusOr<HttpResponse> resp) {
-                                     done(Destroyed(std::move(resp)));
-                                   });
+    provider_->ControlRequestAsync(
+        "DELETE", absl::StrCat("/sandboxes/", id()), "",
+        [done](absl::StatusOr<HttpResponse> resp) { done(Destroyed(std::move(resp))); });
   }
 
   static absl::Status Destroyed(absl::StatusOr<HttpResponse> resp) {

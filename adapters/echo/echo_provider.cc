@@ -55,9 +55,23 @@ class EchoSandbox final : public Sandbox {
     if (it == files_.end()) return std::optional<std::string>();
     return std::optional<std::string>(it->second);
   }
+  // In memory: answered at once, or after hold_ms on a timer, like runs.
+  void WriteFileAsync(std::string path, std::string data, StatusDone done) override {
+    Later([this, path = std::move(path), data = std::move(data), done = std::move(done)] {
+      done(WriteFile(path, data));
+    });
+  }
+  void ReadFileAsync(std::string path, ReadDone done) override {
+    Later([this, path = std::move(path), done = std::move(done)] { done(ReadFile(path)); });
+  }
   absl::Status Destroy() override { return absl::OkStatus(); }
 
  private:
+  void Later(std::function<void()> fn) {
+    if (hold_ <= absl::ZeroDuration()) return fn();
+    EventLoop::Shared()->After(hold_, std::move(fn));
+  }
+
   const std::string id_;
   const absl::Duration hold_;
   absl::Mutex mu_;

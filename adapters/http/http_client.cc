@@ -308,9 +308,9 @@ int OnMultiSocket(CURL*, curl_socket_t fd, int what, void* userp, void*) {
 
 int OnMultiTimer(CURLM*, long timeout_ms, void* userp) {
   auto* ms = static_cast<MultiSockets*>(userp);
-  ms->timer = timeout_ms < 0 ? SteadyTime::max()
-                             : std::chrono::steady_clock::now() +
-                                   std::chrono::milliseconds(timeout_ms);
+  ms->timer = timeout_ms < 0
+                  ? SteadyTime::max()
+                  : std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   return 0;
 }
 
