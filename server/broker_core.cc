@@ -490,14 +490,23 @@ void BrokerCore::ExecAsync(std::unique_ptr<ExecPlan> plan, RunDone done) {
 }
 
 void BrokerCore::AcquireAsync(std::shared_ptr<ExecPlan> shared, RunDone done) {
+  // The common case first, with nothing allocated: the sandbox is there.
+  bool would_block = false;
+  absl::StatusOr<Lease> ready =
+      sessions_->TryAcquire(shared->ctx.tenant, shared->session_id, &shared->create, &would_block);
+  auto start = [this](const std::shared_ptr<ExecPlan>& plan, absl::StatusOr<Lease> lease,
+                      RunDone done) {
+    if (!lease.ok()) return done(lease.status());
+    plan->lease = std::move(*lease);
+    if (absl::Status s = Ready(*plan); !s.ok()) return done(s);
+    Start(plan, std::move(done));
+  };
+  if (!would_block) return start(shared, std::move(ready), std::move(done));
   // The plan owns its create options: an aliasing pointer keeps both alive.
   std::shared_ptr<const CreateOptions> create(shared, &shared->create);
   LeaseAsync(shared->ctx, shared->session_id, std::move(create),
-             [this, shared, done](absl::StatusOr<Lease> lease) mutable {
-               if (!lease.ok()) return done(lease.status());
-               shared->lease = std::move(*lease);
-               if (absl::Status s = Ready(*shared); !s.ok()) return done(s);
-               Start(shared, std::move(done));
+             [shared, done, start](absl::StatusOr<Lease> lease) {
+               start(shared, std::move(lease), done);
              });
 }
 

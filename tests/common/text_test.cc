@@ -13,6 +13,24 @@ TEST(RepairUtf8, ValidTextIsUnchanged) {
   EXPECT_EQ(RepairUtf8(s), s);
 }
 
+// The ASCII fast path (8 bytes at a time) still finds every bad byte and
+// lets multi-byte characters across its word boundaries through.
+TEST(RepairUtf8, LongTextIsCheckedAtEveryOffset) {
+  const std::string ascii(64, 'a');
+  for (size_t at = 0; at < ascii.size(); ++at) {
+    std::string bad = ascii;
+    bad[at] = '\xFF';
+    EXPECT_FALSE(IsValidUtf8(bad)) << at;
+    std::string want = ascii;
+    want.replace(at, 1, "\xEF\xBF\xBD");
+    EXPECT_EQ(RepairUtf8(bad), want) << at;
+    std::string good = ascii;
+    good.insert(at, "\xE2\x82\xAC");  // the euro sign, 3 bytes
+    EXPECT_TRUE(IsValidUtf8(good)) << at;
+    EXPECT_EQ(RepairUtf8(good), good) << at;
+  }
+}
+
 TEST(RepairUtf8, InvalidBytesBecomeReplacementCharacters) {
   EXPECT_EQ(RepairUtf8("a\xFF"
                        "b"),
