@@ -527,8 +527,22 @@ void BrokerCore::LeaseAsync(const CallContext& ctx, const std::string& session_i
   }
   // A create or attach of our own. Its short blocking steps (store rows)
   // run on a thread that may block; a create waits for its slot
-  // (max_concurrent_creates) and for the provider holding no thread.
-  blocking_->Submit([this, ctx, session_id, create, then] {
+  // (max_concurrent_creates) and for the provider holding no thread. Calls
+  // that arrive before that task has begun the create wait for it here, so
+  // a burst of first calls on a new session is one task, not one per call
+  // (each would take a thread of the pool for a moment).
+  auto key = std::make_pair(ctx.tenant, session_id);
+  {
+    absl::MutexLock l(&acquiring_mu_);
+    auto it = acquiring_.find(key);
+    if (it != acquiring_.end()) {
+      it->second.push_back(
+          [this, ctx, session_id, create, then] { LeaseAsync(ctx, session_id, create, then); });
+      return;
+    }
+    acquiring_[key];
+  }
+  blocking_->Submit([this, ctx, session_id, create, then, key] {
     std::optional<RequestIdScope> scope;
     if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
     sessions_->AcquireAsync(ctx.tenant, session_id, create.get(),
@@ -537,6 +551,16 @@ void BrokerCore::LeaseAsync(const CallContext& ctx, const std::string& session_i
                               if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
                               then(RefusedIfMaxSessions(ctx, create.get(), std::move(lease)));
                             });
+    // The create has begun (or is done, or failed): the calls that waited
+    // look again, and find it ready or wait for it as callbacks.
+    std::vector<std::function<void()>> waiting;
+    {
+      absl::MutexLock l(&acquiring_mu_);
+      auto it = acquiring_.find(key);
+      waiting = std::move(it->second);
+      acquiring_.erase(it);
+    }
+    for (auto& retry : waiting) retry();
   });
 }
 

@@ -1,7 +1,10 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/base64.h"  // DecodeBase64Strict
@@ -271,6 +274,11 @@ class BrokerCore {
   RunLedger* runs_ = nullptr;
   Cluster* cluster_ = nullptr;
   WorkPool* blocking_ = WorkPool::Shared();
+  // LeaseAsync: sessions whose acquire task is queued or running, and the
+  // calls waiting for it to begin the create.
+  absl::Mutex acquiring_mu_;
+  std::map<std::pair<std::string, std::string>, std::vector<std::function<void()>>> acquiring_
+      ABSL_GUARDED_BY(acquiring_mu_);
   absl::Mutex limiters_mu_;
   std::map<std::string, std::unique_ptr<Limiter>> tenant_runs_ ABSL_GUARDED_BY(limiters_mu_);
 };
