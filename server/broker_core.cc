@@ -543,14 +543,16 @@ void BrokerCore::LeaseAsync(const CallContext& ctx, const std::string& session_i
     acquiring_[key];
   }
   blocking_->Submit([this, ctx, session_id, create, then, key] {
-    std::optional<RequestIdScope> scope;
-    if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
-    sessions_->AcquireAsync(ctx.tenant, session_id, create.get(),
-                            [this, ctx, create, then](absl::StatusOr<Lease> lease) {
-                              std::optional<RequestIdScope> scope;
-                              if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
-                              then(RefusedIfMaxSessions(ctx, create.get(), std::move(lease)));
-                            });
+    {
+      std::optional<RequestIdScope> scope;  // this call's, not the waiters'
+      if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
+      sessions_->AcquireAsync(ctx.tenant, session_id, create.get(),
+                              [this, ctx, create, then](absl::StatusOr<Lease> lease) {
+                                std::optional<RequestIdScope> scope;
+                                if (!ctx.request_id.empty()) scope.emplace(ctx.request_id);
+                                then(RefusedIfMaxSessions(ctx, create.get(), std::move(lease)));
+                              });
+    }
     // The create has begun (or is done, or failed): the calls that waited
     // look again, and find it ready or wait for it as callbacks.
     std::vector<std::function<void()>> waiting;
