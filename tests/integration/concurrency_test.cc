@@ -194,6 +194,23 @@ class ConcurrencyTest : public BrokerFixture {
     EXPECT_TRUE(fake.ok()) << fake.status();
     return fake.ok() ? std::move(*fake) : nullptr;
   }
+  // The same for a fake Daytona.
+  std::unique_ptr<FakeDaytona> StartFakeDaytona() {
+    FakeDaytona::Options o;
+    o.api_key = "dtn_test_key";
+    o.timer_thread = false;
+    auto fake = FakeDaytona::Start(o);
+    EXPECT_TRUE(fake.ok()) << fake.status();
+    return fake.ok() ? std::move(*fake) : nullptr;
+  }
+  static std::string DaytonaConfig(const FakeDaytona& fake) {
+    nlohmann::json extra = {
+        {"default_provider", "daytona"},
+        {"max_threads", 4},
+        {"max_sessions_per_tenant", 100},
+        {"providers", {{"daytona", {{"api_key", "dtn_test_key"}, {"api_url", fake.api_url()}}}}}};
+    return extra.dump();
+  }
   static std::string E2BConfig(const FakeE2B& fake) {
     nlohmann::json extra = {
         {"default_provider", "e2b"},
@@ -579,18 +596,10 @@ TEST_F(ConcurrencyTest, E2BToolCallsHoldNoThread) {
 }
 
 TEST_F(ConcurrencyTest, DaytonaFileTransfersHoldNoThread) {
-  FakeDaytona::Options o;
-  o.api_key = "dtn_test_key";
-  o.timer_thread = false;
-  auto fake = FakeDaytona::Start(o);
-  ASSERT_TRUE(fake.ok()) << fake.status();
-  nlohmann::json extra = {
-      {"default_provider", "daytona"},
-      {"max_threads", 4},
-      {"max_sessions_per_tenant", 100},
-      {"providers", {{"daytona", {{"api_key", "dtn_test_key"}, {"api_url", (*fake)->api_url()}}}}}};
-  StartBroker(extra.dump());
-  FileTransfersAllReachTheProvider((*fake)->faults());
+  std::unique_ptr<FakeDaytona> fake = StartFakeDaytona();
+  ASSERT_NE(fake, nullptr);
+  StartBroker(DaytonaConfig(*fake));
+  FileTransfersAllReachTheProvider(fake->faults());
 }
 
 // After a restart each session's sandbox is attached on its first call
@@ -639,18 +648,10 @@ TEST_F(ConcurrencyTest, AttachesAfterARestartHoldNoThreadAndWakeEveryWaitingCall
 }
 
 TEST_F(ConcurrencyTest, DaytonaCreatesHoldNoThreadWhileTheProviderWorks) {
-  FakeDaytona::Options o;
-  o.api_key = "dtn_test_key";
-  o.timer_thread = false;
-  auto fake = FakeDaytona::Start(o);
-  ASSERT_TRUE(fake.ok()) << fake.status();
-  nlohmann::json extra = {
-      {"default_provider", "daytona"},
-      {"max_threads", 4},
-      {"max_sessions_per_tenant", 100},
-      {"providers", {{"daytona", {{"api_key", "dtn_test_key"}, {"api_url", (*fake)->api_url()}}}}}};
-  StartBroker(extra.dump());
-  CreatesAllReachTheProvider((*fake)->faults());
+  std::unique_ptr<FakeDaytona> fake = StartFakeDaytona();
+  ASSERT_NE(fake, nullptr);
+  StartBroker(DaytonaConfig(*fake));
+  CreatesAllReachTheProvider(fake->faults());
 }
 
 TEST(LimiterTest, GrantsInOrderAndHoldsNoThreadWhileQueued) {
