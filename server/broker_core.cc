@@ -918,21 +918,6 @@ absl::StatusOr<pb::RunResult> BrokerCore::RunStream(
   return r;
 }
 
-absl::StatusOr<pb::KeepAliveResponse> BrokerCore::KeepAlive(const CallContext& ctx,
-                                                            const pb::KeepAliveRequest& req) {
-  ASSIGN_OR_RETURN(Admission adm, Admit(ctx));
-  RETURN_IF_ERROR(ValidateSessionId(req.session_id()));
-  {
-    // Never creates; tells the provider too (for provider-side timers).
-    ASSIGN_OR_RETURN(Lease lease, sessions_->Acquire(ctx.tenant, req.session_id(), nullptr));
-    RETURN_IF_ERROR(lease.sandbox()->KeepAlive());
-  }
-  ASSIGN_OR_RETURN(absl::Time deadline, sessions_->KeepAlive(ctx.tenant, req.session_id()));
-  pb::KeepAliveResponse resp;
-  SetTime(deadline, resp.mutable_idle_expires_at());
-  return resp;
-}
-
 ToolLimits BrokerCore::Limits(const TenantRules* rules) const {
   ToolLimits l;
   l.default_timeout_seconds = config_.default_timeout_seconds;

@@ -111,9 +111,6 @@ class BrokerCore {
   // Publishes the per-tenant run limits' state to the metrics.
   void PublishLimits();
 
-  absl::StatusOr<pb::KeepAliveResponse> KeepAlive(const CallContext& ctx,
-                                                  const pb::KeepAliveRequest& req);
-
   // WriteFile, ReadFile and KeepAlive holding no thread while they wait: a
   // new session's create, another call's create, and the provider's
   // transfer (Sandbox::WriteFileAsync...) are callbacks. `done` as RunAsync:
