@@ -171,6 +171,12 @@ void EventLoop::Loop() {
 
 // ---- WorkPool ----
 
+namespace {
+// The task this thread is running, when it is one of a pool's workers.
+thread_local const WorkPool* tls_pool = nullptr;
+thread_local uint64_t tls_task = 0;
+}  // namespace
+
 WorkPool::WorkPool(const char* name, int max_threads)
     : name_(name), max_threads_(max_threads < 1 ? 1 : max_threads) {}
 
@@ -191,7 +197,7 @@ WorkPool* WorkPool::Shared() {
 
 void WorkPool::Submit(std::function<void()> fn) {
   absl::MutexLock l(&mu_);
-  queue_.push_back(std::move(fn));
+  queue_.emplace_back(++submitted_, std::move(fn));
   // Idle threads not yet woken still count as idle: start one more when the
   // queue outgrows them.
   if (static_cast<int>(queue_.size()) > idle_ && threads_ < max_threads_) {
@@ -219,12 +225,43 @@ void WorkPool::Worker() {
     mu_.Await(absl::Condition(&ready));
     --idle_;
     if (queue_.empty()) return;  // stopping, nothing left
-    std::function<void()> fn = std::move(queue_.front());
+    const uint64_t seq = queue_.front().first;
+    std::function<void()> fn = std::move(queue_.front().second);
     queue_.pop_front();
+    auto mine = running_.insert(seq);
     mu_.Unlock();
+    tls_pool = this;
+    tls_task = seq;
     fn();
+    // Its captures go before the task counts as finished, and outside the
+    // lock: a capture's destructor may submit.
+    fn = nullptr;
+    tls_pool = nullptr;
     mu_.Lock();
+    running_.erase(mine);
   }
+}
+
+uint64_t WorkPool::OldestUnfinishedLocked(uint64_t except) const {
+  uint64_t oldest = ~uint64_t{0};
+  for (uint64_t seq : running_) {
+    if (seq == except) continue;
+    oldest = seq;
+    break;
+  }
+  if (!queue_.empty()) oldest = std::min(oldest, queue_.front().first);
+  return oldest;
+}
+
+bool WorkPool::Quiesce(absl::Duration timeout) {
+  absl::MutexLock l(&mu_);
+  const uint64_t last = submitted_;
+  // Called from one of this pool's tasks: that task is not waited for.
+  const uint64_t self = tls_pool == this ? tls_task : 0;
+  auto done = [this, last, self]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return OldestUnfinishedLocked(self) > last;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
 }
 
 }  // namespace sandbox

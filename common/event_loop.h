@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -95,15 +96,26 @@ class WorkPool {
   // The process-wide pool for blocking provider calls (64 threads).
   static WorkPool* Shared();
   void Submit(std::function<void()> fn);
+  // Waits until every task submitted before this call has returned and its
+  // captures are destroyed (tasks submitted later are not waited for); false
+  // at the timeout. A server's shutdown calls it on the shared pool: the
+  // tail of a task (what it captured) never outlives the parts it points to.
+  bool Quiesce(absl::Duration timeout);
   int threads() const;
   int queued() const;
 
  private:
   void Worker();
+  // The oldest task not yet finished (queued or running), leaving out the
+  // running task `except`; ~0 when none.
+  uint64_t OldestUnfinishedLocked(uint64_t except) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const char* const name_;
   const int max_threads_;
   mutable absl::Mutex mu_;
-  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);  // FIFO
+  // FIFO; each task with its submission number.
+  std::deque<std::pair<uint64_t, std::function<void()>>> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t submitted_ ABSL_GUARDED_BY(mu_) = 0;
+  std::multiset<uint64_t> running_ ABSL_GUARDED_BY(mu_);  // submission numbers
   int threads_ ABSL_GUARDED_BY(mu_) = 0;
   int idle_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

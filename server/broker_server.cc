@@ -7,6 +7,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/event_loop.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "common/text.h"
@@ -504,6 +505,14 @@ void BrokerServer::Shutdown(absl::Duration grace) {
     cluster_->Leave();
   }
   FlushUsage();  // after the last calls and closes were metered
+  // A call is answered before its task on the shared pool ends: a close's
+  // task still drops the sandbox it held, a default file transfer the
+  // lambda that answered. Those tails finish here, before this server's
+  // parts (core, sessions, providers) go with it.
+  if (!WorkPool::Shared()->Quiesce(absl::Seconds(30))) {
+    Log(LogLevel::kWarning, "broker.shutdown_tasks",
+        {{"message", "tasks on the shared pool still running after 30 s; stopping anyway"}});
+  }
   Log(LogLevel::kInfo, "broker.stopped", {});
 }
 

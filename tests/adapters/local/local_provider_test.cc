@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -20,6 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "adapters/local/disk_image.h"
 #include "tests/testing/processes.h"
 #include "tests/testing/temp_dir.h"
 
@@ -523,6 +525,32 @@ TEST_F(LocalProviderTest, AsyncRunsPauseForASlowConsumerAndLoseNothing) {
   absl::MutexLock l(&mu);
   EXPECT_EQ(got, size_t{4194304});
   EXPECT_TRUE(sandbox_->ReadFile("done")->has_value());
+}
+
+}  // namespace
+}  // namespace sandbox
+
+namespace sandbox {
+namespace {
+
+// The workspace disk's mount check (every create and close): a mount root
+// only, not a directory inside one.
+TEST(DiskImage, IsMountPointSeesMountRootsOnly) {
+  EXPECT_TRUE(IsMountPoint("/"));
+  EXPECT_TRUE(IsMountPoint("/proc"));
+  EXPECT_FALSE(IsMountPoint("/proc/self"));
+  TempDir t;
+  const std::string dir = t.path() + "/m";
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  EXPECT_FALSE(IsMountPoint(dir));
+  if (geteuid() != 0) GTEST_SKIP() << "mounting needs root";
+  ASSERT_EQ(mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=1m"), 0) << strerror(errno);
+  EXPECT_TRUE(IsMountPoint(dir));
+  ASSERT_EQ(mkdir((dir + "/inner").c_str(), 0700), 0);
+  EXPECT_FALSE(IsMountPoint(dir + "/inner"));
+  EXPECT_TRUE(UnmountDisk(dir).ok());
+  EXPECT_FALSE(IsMountPoint(dir));
+  EXPECT_FALSE(IsMountPoint(t.path() + "/missing"));
 }
 
 }  // namespace
