@@ -3,13 +3,21 @@
 // (no client thread per call), then reports errors, latency percentiles and
 // the broker process's threads and RSS sampled while the calls are held.
 //
-//   inflight_bench --addr 127.0.0.1:50051 --pid PID --calls 5000 --sessions 50 \
-//       --code 'x' [--shell] [--start] [--token T] [--baseline-ms 3000]
+//   inflight_bench --addr 127.0.0.1:50051 --pid PID --calls 5000 --sessions 50
+//                  --code 'x' [--shell] [--start] [--token T] [--baseline-ms 3000]
+//                  [--floor bash|bash-login]
 //
 // --start starts every session first (its create is not timed), --shell
 // sends Shell instead of Run, --baseline-ms prints p50 as a ratio against
 // that duration (e.g. the `sleep 3` the calls run).
+//
+// --floor bash|bash-login then measures, in the same run right after, the
+// machine's own floor: N `bash -c CODE` (or `bash -l -c CODE`, what E2B's
+// SDK sends) started at once straight on the host, no broker, no sandbox,
+// no provider; p50 is reported beside the broker's and as a ratio to it.
 
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,6 +53,33 @@ Proc ReadProc(int pid) {
     if (line.rfind("VmRSS:", 0) == 0) p.rss_kib = std::atoll(line.c_str() + 6);
   }
   return p;
+}
+
+// N copies of `argv` started at once; each one's time from the first start
+// to its exit, in ms, sorted. Empty if any could not start.
+std::vector<double> SpawnAll(int n, const std::vector<std::string>& args, const std::string& home) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  // A clean environment: the host user's profile is not the sandbox's.
+  std::string path = "PATH=/usr/local/bin:/usr/bin:/bin", h = "HOME=" + home,
+              lang = "LANG=C.UTF-8";
+  char* envp[] = {path.data(), h.data(), lang.data(), nullptr};
+  const auto t0 = std::chrono::steady_clock::now();
+  int started = 0;
+  for (int i = 0; i < n; ++i) {
+    pid_t pid;
+    if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), envp) == 0) ++started;
+  }
+  std::vector<double> ms;
+  int status;
+  while (static_cast<int>(ms.size()) < started && waitpid(-1, &status, 0) > 0) {
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  if (started < n) ms.clear();
+  std::sort(ms.begin(), ms.end());
+  return ms;
 }
 
 std::string Flag(int argc, char** argv, const std::string& name, const std::string& def) {
@@ -182,6 +217,26 @@ int main(int argc, char** argv) {
         "  broker threads %d -> peak %d; RSS %lld KiB -> peak %lld KiB (%.1f KiB per call)\n",
         before.threads, peak.threads, static_cast<long long>(before.rss_kib),
         static_cast<long long>(peak.rss_kib), double(peak.rss_kib - before.rss_kib) / calls);
+  }
+  const std::string floor = Flag(argc, argv, "floor", "");
+  if (!floor.empty()) {
+    std::vector<std::string> args = {"/bin/bash"};
+    if (floor == "bash-login") args.push_back("-l");
+    args.insert(args.end(), {"-c", code});
+    char home_tmpl[] = "/tmp/inflight-floor-XXXXXX";
+    const char* home = mkdtemp(home_tmpl);
+    std::vector<double> f = SpawnAll(calls, args, home ? home : "/nonexistent");
+    if (home) rmdir(home);
+    if (f.empty()) {
+      std::printf("  floor: could not start %d processes\n", calls);
+      return 1;
+    }
+    const double f50 = f[f.size() / 2];
+    std::printf("  floor (%d x %s -c, no broker, no sandbox): p50 %.0f ms  p99 %.0f ms", calls,
+                floor == "bash-login" ? "bash -l" : "bash", f50,
+                f[std::min(f.size() - 1, size_t(0.99 * f.size()))]);
+    if (baseline_ms > 0) std::printf(" (%.3fx)", f50 / baseline_ms);
+    std::printf("; broker p50 / floor p50 = %.3fx\n", pct(0.5) / f50);
   }
   return errors == 0 ? 0 : 1;
 }
