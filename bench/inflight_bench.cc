@@ -62,8 +62,7 @@ std::vector<double> SpawnAll(int n, const std::vector<std::string>& args, const 
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   // A clean environment: the host user's profile is not the sandbox's.
-  std::string path = "PATH=/usr/local/bin:/usr/bin:/bin", h = "HOME=" + home,
-              lang = "LANG=C.UTF-8";
+  std::string path = "PATH=/usr/local/bin:/usr/bin:/bin", h = "HOME=" + home, lang = "LANG=C.UTF-8";
   char* envp[] = {path.data(), h.data(), lang.data(), nullptr};
   const auto t0 = std::chrono::steady_clock::now();
   int started = 0;
