@@ -35,7 +35,10 @@ absl::Status MakeParents(const std::string& path) {
   for (size_t i = 1; i < path.size(); ++i) {
     if (path[i] != '/') continue;
     cur = path.substr(0, i);
-    if (mkdir(cur.c_str(), 0700) != 0 && errno != EEXIST) {
+    // Traverse-only (the file itself is 0600): a directory created here,
+    // /var/lib/sandbox-broker say, may also hold the local provider's
+    // workspaces, which its sandboxes' own uid must reach.
+    if (mkdir(cur.c_str(), 0711) != 0 && errno != EEXIST) {
       return absl::FailedPreconditionError(
           absl::StrCat("state: cannot create directory ", cur, ": ", strerror(errno)));
     }

@@ -158,6 +158,11 @@ TEST(SqliteStoreTest, ReopenKeepsRowsAndTheDeploymentId) {
   struct stat st;
   ASSERT_EQ(stat(path.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);  // holds session env
+  // Its parents: traverse-only, so a workspace root beside the file (the
+  // local provider's default is /var/lib/sandbox-broker/workspaces) stays
+  // reachable by the sandboxes' uid whichever was created first.
+  ASSERT_EQ(stat((dir.path() + "/sub").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0711u);
   {
     auto s = OpenSqliteStore(path);
     ASSERT_TRUE(s.ok()) << s.status();
