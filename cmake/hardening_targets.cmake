@@ -19,6 +19,9 @@ endif()
 if(SANDBOX_BROKER_SANITIZE STREQUAL "thread")
   # See tests/sanitizers/tsan_absl_shim.cc: makes Debian's uninstrumented
   # absl::Mutex visible to TSan. Every executable that runs under TSan.
+  # Compiled on its own, never in a unity batch: it wraps absl's symbols.
+  set_source_files_properties(${PROJECT_SOURCE_DIR}/tests/sanitizers/tsan_absl_shim.cc
+    PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
   foreach(t sandbox-brokerd broker_tests sandboxctl fake-e2b fake-daytona broker_bench broker_soak)
     if(TARGET ${t})
       target_sources(${t} PRIVATE ${PROJECT_SOURCE_DIR}/tests/sanitizers/tsan_absl_shim.cc)

@@ -354,7 +354,9 @@ TEST_P(CrashTest, SessionsAndFilesComeBackAfterKill9) {
     EXPECT_EQ(info->generation(), 1);
     EXPECT_EQ(Live(), 3);  // at most one per session, at every step
   }
-  if (provider_ != "local") EXPECT_EQ(Stats()["creates"], 3);
+  if (provider_ != "local") {
+    EXPECT_EQ(Stats()["creates"], 3);
+  }
   EXPECT_EQ(StopWatch(), 3);
   for (const char* s : {"a", "b", "c"}) ASSERT_TRUE(Close(s).ok());
   EXPECT_TRUE(WaitFor([&] { return Live() == 0; })) << Live();

@@ -511,7 +511,7 @@ class McpStreamTest : public ::testing::Test {
 
 TEST_F(McpStreamTest, ProgressNotificationsPrecedeTheResultAndIncrease) {
   backend_.chunks = {"a", "bb", "ccc"};
-  for (const std::string sid : {std::string(), Init()}) {
+  for (const std::string& sid : {std::string(), Init()}) {
     McpHttpResponse r = server_->HandleRequest(Request(RunCall(), sid));
     ASSERT_TRUE(r.stream) << r.body;
     EXPECT_EQ(r.content_type, "text/event-stream");
