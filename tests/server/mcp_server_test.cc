@@ -97,8 +97,8 @@ class McpServerTest : public ::testing::Test {
   McpHttpRequest ModernPost(const std::string& method, json params,
                             const std::string& token = kTokenA) {
     params["_meta"] = ModernMeta();
-    McpHttpRequest r = Post({{"jsonrpc", "2.0"}, {"id", 7}, {"method", method}, {"params", params}},
-                            token);
+    McpHttpRequest r =
+        Post({{"jsonrpc", "2.0"}, {"id", 7}, {"method", method}, {"params", params}}, token);
     r.headers["mcp-protocol-version"] = "2026-07-28";
     r.headers["mcp-method"] = method;
     if (params.contains("name")) r.headers["mcp-name"] = params["name"].get<std::string>();
@@ -174,7 +174,8 @@ TEST_F(McpServerTest, AuthFailuresGet401WithBearerChallenge) {
   McpHttpResponse none = server_->HandleRequest(Post({{"jsonrpc", "2.0"}, {"id", 1}}, ""));
   EXPECT_EQ(none.status, 401);
   EXPECT_TRUE(absl::StartsWith(HeaderOf(none, "WWW-Authenticate"), "Bearer ")) << none.body;
-  McpHttpResponse bad = server_->HandleRequest(Post({{"jsonrpc", "2.0"}, {"id", 1}}, "nope-nope-1"));
+  McpHttpResponse bad =
+      server_->HandleRequest(Post({{"jsonrpc", "2.0"}, {"id", 1}}, "nope-nope-1"));
   EXPECT_EQ(bad.status, 401);
   EXPECT_TRUE(absl::StrContains(HeaderOf(bad, "WWW-Authenticate"), "invalid_token"));
   EXPECT_FALSE(absl::StrContains(bad.body, "nope-nope-1"));
@@ -233,8 +234,9 @@ TEST_F(McpServerTest, LegacySessionHeaderRules) {
   wrong.headers["mcp-protocol-version"] = "2025-06-18";
   EXPECT_EQ(server_->HandleRequest(wrong).status, 400);
   // Notifications get 202; GET has no stream.
-  EXPECT_EQ(server_->HandleRequest(LegacyPost(
-                sid, {{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}}))
+  EXPECT_EQ(server_
+                ->HandleRequest(
+                    LegacyPost(sid, {{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}}))
                 .status,
             202);
   McpHttpRequest get = LegacyPost(sid, ping);
@@ -313,8 +315,8 @@ TEST_F(McpServerTest, ModernMetaAndHeaderRules) {
 }
 
 TEST_F(McpServerTest, ModernNameHeaderMayBeBase64) {
-  McpHttpRequest r = ModernPost("tools/call", {{"name", "sandbox_fake_run"},
-                                               {"arguments", {{"code", "print(1)"}}}});
+  McpHttpRequest r = ModernPost(
+      "tools/call", {{"name", "sandbox_fake_run"}, {"arguments", {{"code", "print(1)"}}}});
   r.headers["mcp-name"] = "=?base64?c2FuZGJveF9mYWtlX3J1bg==?=";
   r.headers["accept"] = "application/json";
   McpHttpResponse resp = server_->HandleRequest(r);
@@ -335,11 +337,11 @@ TEST_F(McpServerTest, ToolsListHasOutputSchemasAndSessionArgument) {
 TEST_F(McpServerTest, LegacySessionMapsToOwnBrokerSessionClosedOnDelete) {
   const std::string a = Initialize(), b = Initialize();
   auto run = [&](const std::string& sid, const json& args) {
-    return Final(server_->HandleRequest(LegacyPost(
-        sid, {{"jsonrpc", "2.0"},
-              {"id", 3},
-              {"method", "tools/call"},
-              {"params", {{"name", "sandbox_fake_run"}, {"arguments", args}}}})));
+    return Final(server_->HandleRequest(
+        LegacyPost(sid, {{"jsonrpc", "2.0"},
+                         {"id", 3},
+                         {"method", "tools/call"},
+                         {"params", {{"name", "sandbox_fake_run"}, {"arguments", args}}}})));
   };
   json ra = run(a, {{"code", "print(1)"}});
   json rb = run(b, {{"code", "print(2)"}});
@@ -370,7 +372,10 @@ TEST_F(McpServerTest, IdleLegacySessionExpiresWithItsBrokerSession) {
   Final(server_->HandleRequest(LegacyPost(sid, call)));
   EXPECT_EQ(BrokerSessions("alpha"), 1);
   clock_.Advance(absl::Minutes(4));
-  EXPECT_EQ(server_->HandleRequest(LegacyPost(sid, {{"jsonrpc", "2.0"}, {"id", 4}, {"method", "ping"}})).status, 200);
+  EXPECT_EQ(
+      server_->HandleRequest(LegacyPost(sid, {{"jsonrpc", "2.0"}, {"id", 4}, {"method", "ping"}}))
+          .status,
+      200);
   clock_.Advance(absl::Minutes(5));
   EXPECT_EQ(server_->HandleRequest(LegacyPost(sid, call)).status, 404);
   server_->ExpireSessions();
@@ -400,8 +405,9 @@ TEST_F(McpServerTest, StatelessDefaultSessionIsTheTenantsMcpSession) {
   EXPECT_EQ(r["result"]["structuredContent"]["session"], "mcp");
   EXPECT_EQ(r["result"]["resultType"], "complete");
   auto read = [&](const std::string& token) {
-    return Final(server_->HandleRequest(ModernPost(
-        "tools/call", {{"name", "sandbox_fake_read_file"}, {"arguments", {{"path", "f"}}}}, token)));
+    return Final(server_->HandleRequest(
+        ModernPost("tools/call",
+                   {{"name", "sandbox_fake_read_file"}, {"arguments", {{"path", "f"}}}}, token)));
   };
   EXPECT_EQ(read(kTokenA)["result"]["structuredContent"]["content"], "A");
   json other = read(kTokenB);  // tenant beta's own "mcp" session
@@ -410,8 +416,8 @@ TEST_F(McpServerTest, StatelessDefaultSessionIsTheTenantsMcpSession) {
 }
 
 TEST_F(McpServerTest, ToolErrorsAndUnknownTools) {
-  json bad = Final(server_->HandleRequest(ModernPost(
-      "tools/call", {{"name", "sandbox_fake_run"}, {"arguments", {{"code", 5}}}})));
+  json bad = Final(server_->HandleRequest(
+      ModernPost("tools/call", {{"name", "sandbox_fake_run"}, {"arguments", {{"code", 5}}}})));
   EXPECT_EQ(bad["result"]["isError"], true);
   EXPECT_FALSE(bad["result"].contains("structuredContent"));
   EXPECT_TRUE(absl::StartsWith(bad["result"]["content"][0]["text"].get<std::string>(), "error: "));
