@@ -27,6 +27,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "fuzz/fuzz_check.h"
 #include "nlohmann/json.hpp"
@@ -83,6 +84,11 @@ class FuzzBackend final : public sandbox::McpBackend {
     out.run = r;
     return out;
   }
+  // Answers on the calling thread (no thread per input).
+  void CallToolAsync(sandbox::McpCall call, sandbox::pb::CallToolRequest req,
+                     ToolDone done) override {
+    done(CallTool(call, req));
+  }
   void CloseSession(const std::string&, const std::string&) override {}
 };
 
@@ -94,14 +100,17 @@ class RecordingSink final : public sandbox::McpEventSink {
     return true;
   }
   bool Alive() override { return true; }
+  void Close() override { closed_.Notify(); }
   std::string data() {
     absl::MutexLock l(&mu_);
     return data_;
   }
+  void WaitClosed() { closed_.WaitForNotification(); }
 
  private:
   absl::Mutex mu_;
   std::string data_;
+  absl::Notification closed_;
 };
 
 bool IsLoopbackHost(absl::string_view h) {
@@ -206,6 +215,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   req.body = std::string(in);
 
   McpHttpResponse resp = server.HandleRequest(req);
+  if (resp.later) {
+    // A tool call answered as JSON: the whole response arrives later.
+    FUZZ_CHECK(resp.status == 200 && resp.body.empty() && !resp.stream);
+    McpHttpResponse::Reply reply = [&resp](McpHttpResponse r) { resp = std::move(r); };
+    auto later = std::move(resp.later);
+    later(reply);
+    FUZZ_CHECK(!resp.later && !resp.stream);
+  }
 
   static const std::set<int> kStatuses = {200, 202, 400, 401, 403, 404, 405, 413, 415, 503};
   FUZZ_CHECK(kStatuses.count(resp.status) == 1);
@@ -252,8 +269,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(resp.status == 200);
     FUZZ_CHECK(resp.content_type == "text/event-stream");
     FUZZ_CHECK(has_id);
-    RecordingSink sink;
-    resp.stream(&sink);
+    auto rec = std::make_shared<RecordingSink>();
+    resp.stream(rec);
+    rec->WaitClosed();
+    RecordingSink& sink = *rec;
     std::vector<json> msgs;
     for (absl::string_view line : absl::StrSplit(sink.data(), '\n')) {
       if (line.empty() || absl::StartsWith(line, ":") || line == "event: message") continue;

@@ -1123,6 +1123,70 @@ void BrokerCore::CallToolAsync(const CallContext& ctx, const pb::CallToolRequest
   done(pb::CallToolResponse());
 }
 
+void BrokerCore::CallToolAsync(const CallContext& ctx, const pb::CallToolRequest& req,
+                               std::function<void(OutputStream, absl::string_view)> on_output,
+                               Done<ToolOutcome> done) {
+  auto call = std::make_shared<ToolCall>();
+  absl::StatusOr<std::optional<pb::CallToolResponse>> early = PrepareTool(ctx, req, call.get());
+  if (!early.ok()) return done(early.status());
+  if (early->has_value()) {
+    ToolOutcome o;
+    o.response = **std::move(early);
+    return done(std::move(o));
+  }
+  switch (call->op) {
+    case ToolOp::kRun:
+    case ToolOp::kShell: {
+      // `call` holds the request until `finish`.
+      auto finish = [call, req, done](absl::StatusOr<pb::RunResult> r) {
+        pb::RunResult run;
+        const bool ran = r.ok();
+        absl::StatusOr<pb::CallToolResponse> a = ToolAnswer(req, std::move(r), &run);
+        if (!a.ok()) return done(a.status());
+        ToolOutcome o;
+        o.response = *std::move(a);
+        if (ran) o.run = std::move(run);
+        done(std::move(o));
+      };
+      if (on_output == nullptr) return RunAsync(call->inner, call->run, finish);
+      const pb::RunRequest& run = call->run;
+      const Language lang = ToLanguage(run.language()).value_or(Language::kPython);
+      if (!run.run_id().empty() && runs_ != nullptr) {
+        // A retried tool call runs once: the ledger's steps block.
+        blocking_->Submit([this, call, lang, on_output, finish] {
+          const pb::RunRequest& run = call->run;
+          finish(Once(call->inner, run.session_id(), run.run_id(), run, [&] {
+            return Exec(call->inner, run.session_id(), run.spec(), lang, true, run.code(),
+                        run.timeout_seconds(), run.env(), on_output);
+          }));
+        });
+        return;
+      }
+      auto plan = AdmitRun(call->inner, run.session_id(), run.spec(), lang, true, run.code(),
+                           run.timeout_seconds(), run.env());
+      if (!plan.ok()) return finish(plan.status());
+      (*plan)->on_output = std::move(on_output);
+      return ExecAsync(std::move(*plan), finish);
+    }
+    case ToolOp::kWriteFile:
+      return WriteFileAsync(call->inner, call->write,
+                            [done](absl::StatusOr<pb::WriteFileResponse> r) {
+                              ToolOutcome o;
+                              o.response = ToolAnswer(std::move(r));
+                              done(std::move(o));
+                            });
+    case ToolOp::kReadFile:
+      return ReadFileAsync(call->inner, call->read, [done](absl::StatusOr<pb::ReadFileResponse> r) {
+        ToolOutcome o;
+        bool found = false;
+        o.response = ToolAnswer(std::move(r), &found);
+        o.found = found;
+        done(std::move(o));
+      });
+  }
+  done(ToolOutcome());
+}
+
 }  // namespace sandbox
 
 namespace sandbox {

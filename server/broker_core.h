@@ -2,6 +2,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -136,6 +137,20 @@ class BrokerCore {
   // (the gRPC method; no extras). `done` as RunAsync; `req` is copied.
   void CallToolAsync(const CallContext& ctx, const pb::CallToolRequest& req,
                      Done<pb::CallToolResponse> done);
+  // CallToolAsync for transports that show more than the tool's text (MCP):
+  // run/shell output as it is produced (`on_output`: on the provider's
+  // thread, must not block; null: not wanted), the run's result and
+  // read_file's found flag beside the answer. `done` as RunAsync.
+  struct ToolOutcome {
+    pb::CallToolResponse response;
+    // Set when a run/shell ran to a result.
+    std::optional<pb::RunResult> run;
+    // Set by read_file.
+    std::optional<bool> found;
+  };
+  void CallToolAsync(const CallContext& ctx, const pb::CallToolRequest& req,
+                     std::function<void(OutputStream, absl::string_view)> on_output,
+                     Done<ToolOutcome> done);
 
   // Operators' control (server/policy.h, usage.h, audit.h). Set before
   // serving; each may be null (then: no tenant policy / metering / audit).

@@ -46,6 +46,13 @@ class McpBackend {
   // response.is_error; a non-OK status is the platform's.
   virtual absl::StatusOr<McpToolOutcome> CallTool(const McpCall& call,
                                                   const pb::CallToolRequest& req) = 0;
+  // CallTool without holding the caller's thread while the tool runs:
+  // `done` is called exactly once, maybe before this returns, maybe on
+  // another thread; `call.on_output` likewise (it must not block).
+  // The default runs CallTool on a thread of its own (sandboxctl's stdio
+  // backend); the daemon's holds no thread while a run or transfer waits.
+  using ToolDone = std::function<void(absl::StatusOr<McpToolOutcome>)>;
+  virtual void CallToolAsync(McpCall call, pb::CallToolRequest req, ToolDone done);
   virtual void CloseSession(const std::string& tenant, const std::string& session_id) = 0;
 };
 

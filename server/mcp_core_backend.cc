@@ -24,8 +24,7 @@ absl::StatusOr<std::vector<pb::Tool>> McpCoreBackend::ListTools(const std::strin
 
 absl::StatusOr<McpToolOutcome> McpCoreBackend::CallTool(const McpCall& call,
                                                         const pb::CallToolRequest& req) {
-  constexpr char kMethod[] = "mcp.tools/call";
-  if (metrics_) metrics_->CallStarted(kMethod);
+  if (metrics_) metrics_->CallStarted("mcp.tools/call");
   const absl::Time start = clock_->Monotonic();
   std::string provider;
   CallContext ctx;
@@ -72,9 +71,20 @@ absl::StatusOr<McpToolOutcome> McpCoreBackend::CallTool(const McpCall& call,
   } else {
     r = core_->CallTool(ctx, req, extras);
   }
+  Finished(call, req, provider, start, r.status(), r.ok() && r->is_error());
+  if (!r.ok()) return r.status();
+  out.response = std::move(*r);
+  out.run = run;  // read only for a run/shell that succeeded
+  out.found = found;
+  return out;
+}
+
+void McpCoreBackend::Finished(const McpCall& call, const pb::CallToolRequest& req,
+                              const std::string& provider, absl::Time start,
+                              const absl::Status& status, bool is_error) {
   const absl::Duration took = clock_->Monotonic() - start;
-  const std::string code = absl::StatusCodeToString(r.status().code());
-  const LogLevel level = r.ok() ? LogLevel::kInfo : LogLevel::kWarning;
+  const std::string code = absl::StatusCodeToString(status.code());
+  const LogLevel level = status.ok() ? LogLevel::kInfo : LogLevel::kWarning;
   if (LogEnabled(level)) {
     Log(level, "mcp.call",
         {{"tenant", call.tenant},
@@ -83,15 +93,51 @@ absl::StatusOr<McpToolOutcome> McpCoreBackend::CallTool(const McpCall& call,
           req.session_id().size() <= 128 ? req.session_id() : std::string("(invalid)")},
          {"provider", provider.empty() ? std::string("-") : provider},
          {"code", code},
-         {"is_error", r.ok() && r->is_error()},
+         {"is_error", is_error},
          {"duration_ms", absl::ToInt64Milliseconds(took)}});
   }
-  if (metrics_) metrics_->CallFinished(kMethod, provider, code, took);
-  if (!r.ok()) return r.status();
-  out.response = std::move(*r);
-  out.run = run;  // read only for a run/shell that succeeded
-  out.found = found;
-  return out;
+  if (metrics_) metrics_->CallFinished("mcp.tools/call", provider, code, took);
+}
+
+void McpCoreBackend::CallToolAsync(McpCall call, pb::CallToolRequest req, ToolDone done) {
+  if (cluster_ != nullptr && ValidateSessionId(req.session_id()).ok() &&
+      !cluster_->ServesLocally(call.tenant, req.session_id())) {
+    // Resolving the owner (etcd) and the forwarded RPC block.
+    core_->blocking_pool()->Submit([this, call = std::move(call), req = std::move(req),
+                                    done = std::move(done)] { done(CallTool(call, req)); });
+    return;
+  }
+  if (metrics_) metrics_->CallStarted("mcp.tools/call");
+  struct State {
+    McpCall call;
+    pb::CallToolRequest req;
+    std::string provider;
+    absl::Time start;
+  };
+  auto st = std::make_shared<State>();
+  st->call = std::move(call);
+  st->req = std::move(req);
+  st->start = clock_->Monotonic();
+  CallContext ctx;
+  ctx.tenant = st->call.tenant;
+  ctx.cancelled = st->call.cancelled;
+  ctx.provider = &st->provider;
+  std::function<void(OutputStream, absl::string_view)> on_output;
+  if (st->call.on_output) {
+    on_output = [st](OutputStream, absl::string_view chunk) { st->call.on_output(chunk); };
+  }
+  core_->CallToolAsync(
+      ctx, st->req, std::move(on_output),
+      [this, st, done = std::move(done)](absl::StatusOr<BrokerCore::ToolOutcome> r) {
+        Finished(st->call, st->req, st->provider, st->start, r.status(),
+                 r.ok() && r->response.is_error());
+        if (!r.ok()) return done(r.status());
+        McpToolOutcome out;
+        out.response = std::move(r->response);
+        out.run = std::move(r->run);
+        out.found = r->found;
+        done(std::move(out));
+      });
 }
 
 void McpCoreBackend::CloseSession(const std::string& tenant, const std::string& session_id) {

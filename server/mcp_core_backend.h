@@ -29,6 +29,10 @@ class McpCoreBackend final : public McpBackend {
   absl::StatusOr<std::vector<pb::Tool>> ListTools(const std::string& tenant) override;
   absl::StatusOr<McpToolOutcome> CallTool(const McpCall& call,
                                           const pb::CallToolRequest& req) override;
+  // Runs, shells and file transfers hold no thread while they wait (the
+  // core's CallToolAsync); a call for a session another replica may own
+  // resolves and forwards on the core's blocking pool.
+  void CallToolAsync(McpCall call, pb::CallToolRequest req, ToolDone done) override;
   void CloseSession(const std::string& tenant, const std::string& session_id) override;
 
   // More than one broker: a tool call for a session another replica owns
@@ -46,6 +50,9 @@ class McpCoreBackend final : public McpBackend {
                                                      const std::string& session_id,
                                                      const std::string& provider, bool may_create);
   std::unique_ptr<grpc::ClientContext> PeerContext(const std::string& tenant) const;
+  // Logs ("mcp.call") and counts a finished tool call.
+  void Finished(const McpCall& call, const pb::CallToolRequest& req, const std::string& provider,
+                absl::Time start, const absl::Status& status, bool is_error);
   Cluster* cluster_ = nullptr;
   std::shared_ptr<grpc::ChannelCredentials> peer_;
   absl::Mutex stubs_mu_;

@@ -5,21 +5,61 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/log.h"
 
 namespace sandbox {
 namespace {
 
-class SinkAdapter final : public McpEventSink {
+// An SSE response's bytes between the producer (any thread, never
+// blocked) and the connection's thread, which alone writes to the socket.
+class QueueSink final : public McpEventSink {
  public:
-  explicit SinkAdapter(httplib::DataSink* sink) : sink_(sink) {}
   bool Write(absl::string_view bytes) override {
-    return sink_->write(bytes.data(), bytes.size());
+    absl::MutexLock l(&mu_);
+    if (gone_) return false;
+    buf_.append(bytes.data(), bytes.size());
+    return true;
   }
-  bool Alive() override { return !sink_->is_writable || sink_->is_writable(); }
+  bool Alive() override {
+    absl::MutexLock l(&mu_);
+    return !gone_;
+  }
+  void Close() override {
+    absl::MutexLock l(&mu_);
+    closed_ = true;
+  }
+  // On the connection's thread: sends what is written until the producer
+  // closes, checking every `check` that the client is still there. False
+  // once it is gone.
+  bool Pump(httplib::DataSink& sink, absl::Duration check) {
+    for (;;) {
+      std::string out;
+      bool closed = false;
+      {
+        absl::MutexLock l(&mu_);
+        mu_.AwaitWithTimeout(absl::Condition(this, &QueueSink::Ready), check);
+        out.swap(buf_);
+        closed = closed_;
+      }
+      bool alive = out.empty() || sink.write(out.data(), out.size());
+      if (alive && closed) return true;
+      alive = alive && (!sink.is_writable || sink.is_writable());
+      if (!alive) {
+        absl::MutexLock l(&mu_);
+        gone_ = true;
+        return false;
+      }
+    }
+  }
 
  private:
-  httplib::DataSink* sink_;
+  bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !buf_.empty() || closed_; }
+  absl::Mutex mu_;
+  std::string buf_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool gone_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
@@ -61,7 +101,8 @@ absl::StatusOr<std::unique_ptr<McpHttpListener>> McpHttpListener::Start(
   http.set_payload_max_length(static_cast<size_t>(mc.max_body_bytes));
   // Long runs stream their response; the write timeout is per write.
   http.set_read_timeout(30, 0);
-  auto handler = [server](const httplib::Request& hreq, httplib::Response& hres) {
+  const absl::Duration check = server->options().liveness_interval;
+  auto handler = [server, check](const httplib::Request& hreq, httplib::Response& hres) {
     McpHttpRequest req;
     req.method = hreq.method;
     for (const auto& [k, v] : hreq.headers) {
@@ -69,14 +110,28 @@ absl::StatusOr<std::unique_ptr<McpHttpListener>> McpHttpListener::Start(
     }
     req.body = hreq.body;
     McpHttpResponse resp = server->HandleRequest(req);
+    if (resp.later) {
+      // httplib answers on this thread; the core holds none meanwhile.
+      absl::Notification answered;
+      McpHttpResponse out;
+      auto later = std::move(resp.later);
+      later([&](McpHttpResponse r) {
+        out = std::move(r);
+        answered.Notify();
+      });
+      answered.WaitForNotification();
+      resp = std::move(out);
+    }
     hres.status = resp.status;
     for (const auto& [k, v] : resp.headers) hres.set_header(k, v);
     if (resp.stream) {
-      auto stream = std::make_shared<std::function<void(McpEventSink*)>>(std::move(resp.stream));
+      auto stream = std::make_shared<std::function<void(std::shared_ptr<McpEventSink>)>>(
+          std::move(resp.stream));
       hres.set_chunked_content_provider(resp.content_type,
-                                        [stream](size_t, httplib::DataSink& sink) {
-                                          SinkAdapter a(&sink);
-                                          (*stream)(&a);
+                                        [stream, check](size_t, httplib::DataSink& sink) {
+                                          auto queue = std::make_shared<QueueSink>();
+                                          (*stream)(queue);
+                                          if (!queue->Pump(sink, check)) return false;
                                           sink.done();
                                           return true;
                                         });

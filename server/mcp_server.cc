@@ -194,10 +194,97 @@ const std::vector<std::string>& McpSupportedVersions() {
   return *v;
 }
 
+namespace {
+
+// A callback run once: by Run, or when the last holder lets go.
+struct Once {
+  absl::Mutex mu;
+  std::function<void()> f;
+  void Run() {
+    std::function<void()> g;
+    {
+      absl::MutexLock l(&mu);
+      g = std::exchange(f, nullptr);
+    }
+    if (g) g();
+  }
+  ~Once() { Run(); }
+};
+
+}  // namespace
+
 McpServer::McpServer(McpBackend* backend, Clock* clock, McpServerOptions options)
     : backend_(backend), clock_(clock), options_(std::move(options)) {}
 
-McpServer::~McpServer() = default;
+McpServer::~McpServer() {
+  {
+    absl::MutexLock l(&streams_mu_);
+    watcher_stop_ = true;
+  }
+  if (watcher_.joinable()) watcher_.join();
+}
+
+void McpBackend::CallToolAsync(McpCall call, pb::CallToolRequest req, ToolDone done) {
+  std::thread([this, call = std::move(call), req = std::move(req), done = std::move(done)] {
+    done(CallTool(call, req));
+  }).detach();
+}
+
+// An SSE response in progress.
+struct McpServer::Stream {
+  absl::Mutex mu;
+  std::shared_ptr<McpEventSink> sink;
+  bool dead ABSL_GUARDED_BY(mu) = false;
+  absl::Time next_keepalive ABSL_GUARDED_BY(mu);
+  bool Write(absl::string_view bytes) {
+    absl::MutexLock l(&mu);
+    if (!dead && !sink->Write(bytes)) dead = true;
+    return !dead;
+  }
+  bool Dead() {
+    absl::MutexLock l(&mu);
+    return dead;
+  }
+};
+
+void McpServer::Watch(std::shared_ptr<Stream> s) {
+  absl::MutexLock l(&streams_mu_);
+  {
+    absl::MutexLock sl(&s->mu);
+    s->next_keepalive = absl::Now() + options_.keepalive_interval;
+  }
+  streams_.push_back(std::move(s));
+  if (!watcher_.joinable()) watcher_ = std::thread([this] { WatchLoop(); });
+}
+
+void McpServer::Unwatch(const std::shared_ptr<Stream>& s) {
+  absl::MutexLock l(&streams_mu_);
+  for (size_t i = 0; i < streams_.size(); ++i) {
+    if (streams_[i] == s) {
+      streams_[i] = std::move(streams_.back());
+      streams_.pop_back();
+      break;
+    }
+  }
+}
+
+void McpServer::WatchLoop() {
+  absl::MutexLock l(&streams_mu_);
+  while (
+      !streams_mu_.AwaitWithTimeout(absl::Condition(&watcher_stop_), options_.liveness_interval)) {
+    const absl::Time now = absl::Now();
+    for (const std::shared_ptr<Stream>& s : streams_) {
+      absl::MutexLock sl(&s->mu);
+      if (s->dead) continue;
+      if (!s->sink->Alive()) {
+        s->dead = true;
+      } else if (now >= s->next_keepalive) {
+        if (!s->sink->Write(": keep-alive\n\n")) s->dead = true;
+        s->next_keepalive = now + options_.keepalive_interval;
+      }
+    }
+  }
+}
 
 bool McpServer::HostAllowed(const std::string* host) const {
   if (host == nullptr) return !options_.loopback_hosts_only && options_.allowed_hosts.empty();
@@ -505,10 +592,19 @@ McpHttpResponse McpServer::Legacy(const McpHttpRequest& req, const json& msg,
   };
   if (AcceptsSse(req)) return Streamed(msg, d, flag, done, sid);
   d.cancelled = [this, flag] { return flag->load() || stopping_; };
-  json resp = Call(msg, d, nullptr);
-  done();
-  if (resp.is_null()) resp = McpError(id, kInternalError, "request cancelled");
-  return JsonResponse(200, resp);
+  // `done` runs once: when answered, or when the response is dropped
+  // before the shell asked for it.
+  auto once = std::make_shared<Once>();
+  once->f = std::move(done);
+  McpHttpResponse r;
+  r.later = [this, msg, d, once, id](McpHttpResponse::Reply reply) {
+    CallAsync(msg, d, [once, id, reply](json resp, int) {
+      once->Run();
+      if (resp.is_null()) resp = McpError(id, kInternalError, "request cancelled");
+      reply(JsonResponse(200, resp));
+    });
+  };
+  return r;
 }
 
 json McpServer::CheckModernMeta(const json& msg) {
@@ -586,6 +682,14 @@ McpHttpResponse McpServer::Modern(const McpHttpRequest& req, const json& msg,
   if (method == "tools/call" && AcceptsSse(req)) {
     return Streamed(msg, d, std::make_shared<std::atomic<bool>>(false), nullptr, "");
   }
+  if (method == "tools/call") {
+    d.cancelled = [this] { return stopping_.load(); };
+    McpHttpResponse r;
+    r.later = [this, msg, d](McpHttpResponse::Reply reply) {
+      CallAsync(msg, d, [reply](json resp, int status) { reply(JsonResponse(status, resp)); });
+    };
+    return r;
+  }
   int status = 200;
   json resp = Call(msg, d, &status);
   return JsonResponse(status, resp);
@@ -600,58 +704,28 @@ McpHttpResponse McpServer::Streamed(const json& msg, Dispatch d,
   r.headers.push_back({"Cache-Control", "no-cache"});
   r.headers.push_back({"X-Accel-Buffering", "no"});
   if (!sid.empty()) r.headers.push_back({"Mcp-Session-Id", sid});
-  const absl::Duration keepalive = options_.keepalive_interval;
-  const absl::Duration liveness = options_.liveness_interval;
   // on_done runs once: after the stream, or when the response is dropped
   // unsent (the client went away before the stream started).
-  struct Once {
-    std::function<void()> f;
-    void Run() {
-      if (f) std::exchange(f, nullptr)();
-    }
-    ~Once() { Run(); }
-  };
   auto once = std::make_shared<Once>();
   once->f = std::move(on_done);
-  r.stream = [this, msg, d, flag, once, keepalive, liveness](McpEventSink* sink) mutable {
-    absl::Mutex mu;
-    bool dead = false;
-    auto write = [&](const std::string& bytes) {
-      absl::MutexLock l(&mu);
-      if (!dead && !sink->Write(bytes)) dead = true;
-      return !dead;
-    };
-    absl::Notification finished;
-    std::thread watcher([&] {
-      absl::Time next = absl::Now() + keepalive;
-      while (!finished.WaitForNotificationWithTimeout(liveness)) {
-        {
-          absl::MutexLock l(&mu);
-          if (!dead && !sink->Alive()) dead = true;
-        }
-        if (absl::Now() >= next) {
-          write(": keep-alive\n\n");
-          next = absl::Now() + keepalive;
-        }
-      }
+  r.stream = [this, msg, d, flag, once](std::shared_ptr<McpEventSink> sink) mutable {
+    auto st = std::make_shared<Stream>();
+    st->sink = std::move(sink);
+    Watch(st);
+    d.cancelled = [this, flag, st] { return flag->load() || stopping_ || st->Dead(); };
+    d.notify = [st](const json& n) { st->Write(SseFrame(n)); };
+    CallAsync(msg, d, [this, st, flag, once](json resp, int) {
+      // A cancelled request gets no response (the client stopped waiting).
+      if (!resp.is_null() && !flag->load()) st->Write(SseFrame(resp));
+      Unwatch(st);
+      st->sink->Close();
+      once->Run();
     });
-    d.cancelled = [&] {
-      if (flag->load() || stopping_) return true;
-      absl::MutexLock l(&mu);
-      return dead;
-    };
-    d.notify = [&](const json& n) { write(SseFrame(n)); };
-    json resp = Call(msg, d, nullptr);
-    finished.Notify();
-    watcher.join();
-    // A cancelled request gets no response (the client stopped waiting).
-    if (!resp.is_null() && !flag->load()) write(SseFrame(resp));
-    once->Run();
   };
   return r;
 }
 
-json McpServer::Call(const json& msg, const Dispatch& d, int* http_status) {
+json McpServer::Answer(const json& msg, const Dispatch& d, int* http_status) {
   json id = msg.contains("id") ? msg["id"] : json();
   const std::string method = msg.value("method", "");
   auto set_status = [&](int s) {
@@ -666,7 +740,7 @@ json McpServer::Call(const json& msg, const Dispatch& d, int* http_status) {
       resp["result"]["cacheScope"] = "private";
     }
   } else if (method == "tools/call") {
-    resp = ToolsCall(msg, d);
+    return nullptr;
   } else if (!d.modern && method == "ping") {
     resp = Result(id, json::object());
   } else if (!d.modern && method == "logging/setLevel") {
@@ -696,11 +770,61 @@ json McpServer::Call(const json& msg, const Dispatch& d, int* http_status) {
     set_status(404);
     return McpError(id, kMethodNotFound, absl::StrCat("Method not found: ", RepairUtf8(method)));
   }
-  if (resp.is_null()) return resp;
-  set_status(resp.contains("error") ? 400 : 200);
-  if (d.modern && resp.contains("result") && resp["result"].is_object()) {
-    resp["result"]["resultType"] = "complete";
+  Finalize(d, &resp, http_status);
+  return resp;
+}
+
+void McpServer::Finalize(const Dispatch& d, json* resp, int* http_status) const {
+  if (resp->is_null()) return;
+  if (http_status) *http_status = resp->contains("error") ? 400 : 200;
+  if (d.modern && resp->contains("result") && (*resp)["result"].is_object()) {
+    (*resp)["result"]["resultType"] = "complete";
   }
+}
+
+// What a tools/call needs between its checks and its answer.
+struct McpServer::ToolCall {
+  json id;
+  ToolOp op = ToolOp::kRun;
+  std::string session;
+  pb::CallToolRequest req;
+  McpCall call;
+};
+
+void McpServer::CallAsync(const json& msg, const Dispatch& d, CallDone done) {
+  if (msg.value("method", "") != "tools/call") {
+    int status = 200;
+    json resp = Answer(msg, d, &status);
+    return done(std::move(resp), status);
+  }
+  auto call = std::make_shared<ToolCall>();
+  if (json now = PrepareToolsCall(msg, d, call.get()); !now.is_null()) {
+    int status = 200;
+    Finalize(d, &now, &status);
+    return done(std::move(now), status);
+  }
+  McpCall mc = call->call;
+  pb::CallToolRequest req = call->req;
+  backend_->CallToolAsync(std::move(mc), std::move(req),
+                          [this, call, d, done](absl::StatusOr<McpToolOutcome> out) {
+                            json resp = ToolsCallResult(*call, d, std::move(out));
+                            int status = 200;
+                            Finalize(d, &resp, &status);
+                            done(std::move(resp), status);
+                          });
+}
+
+json McpServer::Call(const json& msg, const Dispatch& d, int* http_status) {
+  absl::Notification answered;
+  json resp;
+  int status = 200;
+  CallAsync(msg, d, [&](json r, int st) {
+    resp = std::move(r);
+    status = st;
+    answered.Notify();
+  });
+  answered.WaitForNotification();
+  if (http_status) *http_status = status;
   return resp;
 }
 
@@ -725,8 +849,9 @@ json McpServer::ToolsList(const Dispatch& d, const json& id) {
   return Result(id, {{"tools", list}});
 }
 
-json McpServer::ToolsCall(const json& msg, const Dispatch& d) {
+json McpServer::PrepareToolsCall(const json& msg, const Dispatch& d, ToolCall* tc) {
   json id = msg.contains("id") ? msg["id"] : json();
+  tc->id = id;
   const json& p = Params(msg);
   auto n = p.find("name");
   if (n == p.end() || !n->is_string()) {
@@ -789,7 +914,21 @@ json McpServer::ToolsCall(const json& msg, const Dispatch& d) {
                 {"message", RepairUtf8(chunk)}}}});
     };
   }
-  absl::StatusOr<McpToolOutcome> out = backend_->CallTool(call, req);
+  tc->op = tool->op;
+  tc->session = session;
+  tc->req = std::move(req);
+  tc->call = std::move(call);
+  return nullptr;
+}
+
+json McpServer::ToolsCallResult(const ToolCall& tc, const Dispatch& d,
+                                absl::StatusOr<McpToolOutcome> out) {
+  const json& id = tc.id;
+  auto text_result = [&](const std::string& text, bool is_error) {
+    json content = json::array({{{"type", "text"}, {"text", text}}});
+    json r = {{"content", content}, {"isError", is_error}};
+    return Result(id, r);
+  };
   if (!out.ok() && out.status().code() == absl::StatusCode::kCancelled && d.cancelled &&
       d.cancelled()) {
     return nullptr;
@@ -799,7 +938,7 @@ json McpServer::ToolsCall(const json& msg, const Dispatch& d) {
   json result = json::parse(Dump(text_result(r.content(), r.is_error())), nullptr, false);
   if (!r.is_error()) {
     json sc;
-    switch (tool->op) {
+    switch (tc.op) {
       case ToolOp::kRun:
       case ToolOp::kShell: {
         pb::RunResult rr = out->run.value_or(pb::RunResult());
@@ -818,7 +957,7 @@ json McpServer::ToolsCall(const json& msg, const Dispatch& d) {
               {"found", out->found.value_or(true)}};
         break;
     }
-    sc["session"] = session;
+    sc["session"] = tc.session;
     result["result"]["structuredContent"] = sc;
   }
   return result;

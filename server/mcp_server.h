@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -61,14 +62,18 @@ struct McpHttpRequest {
   }
 };
 
-// Where a streamed (SSE) response goes.
+// Where a streamed (SSE) response goes. The producer calls Write from any
+// thread (one at a time), then Close once.
 class McpEventSink {
  public:
   virtual ~McpEventSink() = default;
-  // Bytes of the event stream; false once the client is gone.
+  // Bytes of the event stream; false once the client is gone. Must not
+  // block (the transport queues).
   virtual bool Write(absl::string_view bytes) = 0;
-  // False once the client is known to be gone.
+  // False once the client is known to be gone. Must not block.
   virtual bool Alive() = 0;
+  // The response is complete.
+  virtual void Close() = 0;
 };
 
 struct McpHttpResponse {
@@ -77,8 +82,15 @@ struct McpHttpResponse {
   std::string content_type;  // "" with an empty body
   std::string body;
   // Set for an SSE response: the shell sends status and headers, then calls
-  // this with the stream (it returns when the response is complete).
-  std::function<void(McpEventSink*)> stream;
+  // this once with the stream. It returns at once; the response is complete
+  // when the producer closes the sink (from any thread). No thread waits
+  // while the tool runs.
+  std::function<void(std::shared_ptr<McpEventSink>)> stream;
+  // Set for a response that is not ready yet (a tool call answered as
+  // JSON): the shell calls this once; `reply` gets the whole response
+  // exactly once, maybe on another thread, maybe before this returns.
+  using Reply = std::function<void(McpHttpResponse)>;
+  std::function<void(Reply)> later;
 };
 
 // Thread-safe.
@@ -88,7 +100,8 @@ class McpServer {
   ~McpServer();
 
   // One HTTP request to the MCP endpoint. Never throws; any input gets a
-  // well-formed response (the fuzz entry point).
+  // well-formed response (the fuzz entry point). Returns without waiting
+  // for a tool: a tools/call's answer is a `stream` or `later` response.
   McpHttpResponse HandleRequest(const McpHttpRequest& req);
 
   // Drops legacy sessions idle past session_idle_timeout, closing their
@@ -113,8 +126,12 @@ class McpServer {
     std::function<void(const nlohmann::json&)> notify;
   };
   // The JSON-RPC response to request `msg` (null for no response: a
-  // cancelled call). `http_status` (optional) gets the HTTP status the
-  // modern era gives it.
+  // cancelled call), passed to `done` with the HTTP status the modern era
+  // gives it, exactly once, maybe on another thread: a tools/call holds no
+  // thread while its tool runs.
+  using CallDone = std::function<void(nlohmann::json resp, int http_status)>;
+  void CallAsync(const nlohmann::json& msg, const Dispatch& d, CallDone done);
+  // CallAsync, waiting for the answer. `http_status` may be null.
   nlohmann::json Call(const nlohmann::json& msg, const Dispatch& d, int* http_status);
   // Validates a modern request's required _meta fields: a -32602 error
   // response, or null when present.
@@ -122,6 +139,7 @@ class McpServer {
   // -32022 naming the supported versions, or null for 2026-07-28.
   static nlohmann::json CheckModernVersion(const nlohmann::json& msg);
   McpBackend* backend() { return backend_; }
+  const McpServerOptions& options() const { return options_; }
 
  private:
   struct Session {
@@ -149,7 +167,22 @@ class McpServer {
   bool HostAllowed(const std::string* host) const;
   bool OriginAllowed(const std::string* origin) const;
   nlohmann::json ToolsList(const Dispatch& d, const nlohmann::json& id);
-  nlohmann::json ToolsCall(const nlohmann::json& msg, const Dispatch& d);
+  // The answer of every method but tools/call (null for tools/call).
+  nlohmann::json Answer(const nlohmann::json& msg, const Dispatch& d, int* http_status);
+  // Status and era fields of a finished answer.
+  void Finalize(const Dispatch& d, nlohmann::json* resp, int* http_status) const;
+  struct ToolCall;
+  // tools/call's checks: an answer now, or null with `call` ready.
+  nlohmann::json PrepareToolsCall(const nlohmann::json& msg, const Dispatch& d, ToolCall* call);
+  nlohmann::json ToolsCallResult(const ToolCall& call, const Dispatch& d,
+                                 absl::StatusOr<McpToolOutcome> out);
+
+  // SSE streams in progress: one thread checks that their clients are
+  // there and sends keep-alives, for all of them.
+  struct Stream;
+  void Watch(std::shared_ptr<Stream> s);
+  void Unwatch(const std::shared_ptr<Stream>& s);
+  void WatchLoop();
 
   McpBackend* const backend_;
   Clock* const clock_;
@@ -158,6 +191,10 @@ class McpServer {
   absl::flat_hash_map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
   absl::Time last_sweep_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stopping_{false};
+  absl::Mutex streams_mu_;
+  std::vector<std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(streams_mu_);
+  bool watcher_stop_ ABSL_GUARDED_BY(streams_mu_) = false;
+  std::thread watcher_;  // started with the first stream
 };
 
 // MCP over a stdio-style transport (one JSON-RPC message per line, both

@@ -4,6 +4,7 @@
 
 #include "server/mcp_server.h"
 
+#include <dirent.h>
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -11,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
+#include "adapters/echo/echo_provider.h"
 #include "server/auth.h"
 #include "server/broker_core.h"
 #include "server/mcp_core_backend.h"
@@ -45,6 +47,8 @@ class StringSink final : public McpEventSink {
     absl::MutexLock l(&mu_);
     alive_ = false;
   }
+  void Close() override { closed_.Notify(); }
+  void WaitClosed() { closed_.WaitForNotification(); }
   std::string data() {
     absl::MutexLock l(&mu_);
     return data_;
@@ -61,8 +65,31 @@ class StringSink final : public McpEventSink {
  private:
   absl::Mutex mu_;
   std::string data_;
+  absl::Notification closed_;
   bool alive_ = true;
 };
+
+// A response as its client gets it: a `later` one answered.
+McpHttpResponse McpAnswered(McpHttpResponse r) {
+  if (!r.later) return r;
+  absl::Notification answered;
+  McpHttpResponse out;
+  auto later = std::move(r.later);
+  later([&](McpHttpResponse x) {
+    out = std::move(x);
+    answered.Notify();
+  });
+  answered.WaitForNotification();
+  return out;
+}
+
+// A stream response run until its producer closes it.
+std::shared_ptr<StringSink> McpStreamed(const McpHttpResponse& r) {
+  auto sink = std::make_shared<StringSink>();
+  r.stream(sink);
+  sink->WaitClosed();
+  return sink;
+}
 
 // The real broker core over a fake provider, as the daemon wires it.
 class McpServerTest : public ::testing::Test {
@@ -130,10 +157,8 @@ class McpServerTest : public ::testing::Test {
   }
   // Runs a response to completion: its body, or its stream's messages.
   json Final(McpHttpResponse r) {
-    if (!r.stream) return json::parse(r.body);
-    StringSink sink;
-    r.stream(&sink);
-    std::vector<json> m = sink.Messages();
+    if (!r.stream) return json::parse(McpAnswered(std::move(r)).body);
+    std::vector<json> m = McpStreamed(r)->Messages();
     return m.empty() ? json() : m.back();
   }
   int BrokerSessions(const std::string& tenant) {
@@ -319,8 +344,9 @@ TEST_F(McpServerTest, ModernNameHeaderMayBeBase64) {
       "tools/call", {{"name", "sandbox_fake_run"}, {"arguments", {{"code", "print(1)"}}}});
   r.headers["mcp-name"] = "=?base64?c2FuZGJveF9mYWtlX3J1bg==?=";
   r.headers["accept"] = "application/json";
-  McpHttpResponse resp = server_->HandleRequest(r);
+  McpHttpResponse resp = McpAnswered(server_->HandleRequest(r));
   EXPECT_EQ(resp.status, 200) << resp.body;
+  EXPECT_EQ(json::parse(resp.body)["result"]["isError"], false) << resp.body;
 }
 
 TEST_F(McpServerTest, ToolsListHasOutputSchemasAndSessionArgument) {
@@ -521,10 +547,9 @@ TEST_F(McpStreamTest, ProgressNotificationsPrecedeTheResultAndIncrease) {
     McpHttpResponse r = server_->HandleRequest(Request(RunCall(), sid));
     ASSERT_TRUE(r.stream) << r.body;
     EXPECT_EQ(r.content_type, "text/event-stream");
-    StringSink sink;
-    r.stream(&sink);
-    std::vector<json> m = sink.Messages();
-    ASSERT_EQ(m.size(), 4u) << sink.data();
+    std::shared_ptr<StringSink> sink = McpStreamed(r);
+    std::vector<json> m = sink->Messages();
+    ASSERT_EQ(m.size(), 4u) << sink->data();
     std::string joined;
     for (int i = 0; i < 3; ++i) {
       EXPECT_EQ(m[i]["method"], "notifications/progress");
@@ -545,28 +570,28 @@ TEST_F(McpStreamTest, LegacyCancelledNotificationKillsTheRun) {
   const std::string sid = Init();
   McpHttpResponse r = server_->HandleRequest(Request(RunCall(), sid));
   ASSERT_TRUE(r.stream);
-  StringSink sink;
-  std::thread t([&] { r.stream(&sink); });
+  auto sink = std::make_shared<StringSink>();
+  r.stream(sink);  // returns at once: the run goes on without this thread
   backend_.started.WaitForNotification();
   McpHttpRequest cancel = Request({{"jsonrpc", "2.0"},
                                    {"method", "notifications/cancelled"},
                                    {"params", {{"requestId", 5}, {"reason", "user"}}}},
                                   sid);
   EXPECT_EQ(server_->HandleRequest(cancel).status, 202);
-  t.join();
+  sink->WaitClosed();
   EXPECT_TRUE(backend_.cancelled);
-  EXPECT_TRUE(sink.Messages().empty()) << sink.data();  // no response after a cancel
+  EXPECT_TRUE(sink->Messages().empty()) << sink->data();  // no response after a cancel
 }
 
 TEST_F(McpStreamTest, ClosedStreamCancelsTheRun) {
   backend_.block = true;
   McpHttpResponse r = server_->HandleRequest(Request(RunCall(), ""));
   ASSERT_TRUE(r.stream);
-  StringSink sink;
-  std::thread t([&] { r.stream(&sink); });
+  auto sink = std::make_shared<StringSink>();
+  r.stream(sink);
   backend_.started.WaitForNotification();
-  sink.Kill();  // the client closed the response stream
-  t.join();
+  sink->Kill();  // the client closed the response stream
+  sink->WaitClosed();
   EXPECT_TRUE(backend_.cancelled);
 }
 
@@ -625,6 +650,95 @@ TEST(McpConfigTest, ParsesTheMcpKeys) {
     auto r = ParseConfig(bad);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_TRUE(absl::StrContains(r.status().message(), "mcp")) << r.status();
+  }
+}
+
+}  // namespace
+}  // namespace sandbox
+
+namespace sandbox {
+namespace {
+
+int McpThreadCount() {
+  int n = 0;
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) return -1;
+  while (struct dirent* e = readdir(d)) n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+// Tool calls in flight hold no thread of the MCP layer: the echo provider
+// answers each run after hold_ms on a timer, and 300 calls (JSON answers
+// and SSE streams, both eras' shapes) wait together on the core's fixed
+// threads.
+TEST(McpAsyncTest, ToolCallsInFlightHoldNoThread) {
+  FakeClock clock;
+  ProviderRegistry registry;
+  registry.Add(std::make_unique<EchoProvider>(/*hold_ms=*/3000));
+  BrokerConfig config;
+  config.default_provider = "echo";
+  SessionLimits limits;
+  SessionManager sessions(&registry, &clock, limits, "echo", "test");
+  BrokerCore core(config, &registry, &sessions, &clock);
+  Authenticator auth(std::map<std::string, std::string>{{kTokenA, "alpha"}});
+  McpCoreBackend backend(&core, &auth);
+  McpServer server(&backend, &clock, McpServerOptions());
+  const int before = McpThreadCount();
+  constexpr int kCalls = 300;
+  absl::Mutex mu;
+  std::vector<std::string> answers(kCalls);
+  int answered = 0;
+  std::vector<std::shared_ptr<StringSink>> sinks(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    json params = {
+        {"name", "sandbox_echo_run"},
+        {"arguments", {{"code", absl::StrCat("call ", i)}, {"session", absl::StrCat("s", i % 10)}}},
+        {"_meta", ModernMeta()}};
+    McpHttpRequest r;
+    r.method = "POST";
+    r.headers["content-type"] = "application/json";
+    r.headers["accept"] = i % 2 ? "application/json" : "application/json, text/event-stream";
+    r.headers["authorization"] = absl::StrCat("Bearer ", kTokenA);
+    r.headers["mcp-protocol-version"] = "2026-07-28";
+    r.headers["mcp-method"] = "tools/call";
+    r.headers["mcp-name"] = "sandbox_echo_run";
+    r.body =
+        json({{"jsonrpc", "2.0"}, {"id", i}, {"method", "tools/call"}, {"params", params}}).dump();
+    McpHttpResponse resp = server.HandleRequest(r);
+    if (resp.later) {
+      resp.later([&, i](McpHttpResponse x) {
+        absl::MutexLock l(&mu);
+        answers[i] = x.body;
+        answered++;
+      });
+    } else {
+      ASSERT_TRUE(resp.stream) << resp.status << " " << resp.body;
+      sinks[i] = std::make_shared<StringSink>();
+      resp.stream(sinks[i]);
+    }
+  }
+  const int during = McpThreadCount();
+  // A thread per call would be up to 300.
+  EXPECT_LT(during - before, 24) << before << " -> " << during;
+  {
+    absl::MutexLock l(&mu);
+    mu.Await(absl::Condition(
+        +[](int* n) { return *n == kCalls / 2; }, &answered));
+  }
+  for (int i = 0; i < kCalls; ++i) {
+    json answer;
+    if (sinks[i]) {
+      sinks[i]->WaitClosed();
+      std::vector<json> m = sinks[i]->Messages();
+      ASSERT_FALSE(m.empty()) << i;
+      answer = m.back();
+    } else {
+      absl::MutexLock l(&mu);
+      answer = json::parse(answers[i]);
+    }
+    EXPECT_EQ(answer["id"], i);
+    EXPECT_EQ(answer["result"]["structuredContent"]["output"], absl::StrCat("call ", i)) << answer;
   }
 }
 
