@@ -220,7 +220,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(resp.status == 200 && resp.body.empty() && !resp.stream);
     McpHttpResponse::Reply reply = [&resp](McpHttpResponse r) { resp = std::move(r); };
     auto later = std::move(resp.later);
-    later(reply);
+    later(reply, nullptr);
     FUZZ_CHECK(!resp.later && !resp.stream);
   }
 

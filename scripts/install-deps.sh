@@ -14,6 +14,7 @@ PACKAGES=(
   # Hardening: libFuzzer targets (scripts/fuzz.sh) build with clang.
   clang-14 libfuzzer-14-dev
   libsqlite3-dev
+  libevent-dev  # the MCP listener (evhttp)
   etcd-server etcd-client  # the etcd store's tests start a real etcd
 )
 # The local provider runs node; keep a node that is already there (it may be

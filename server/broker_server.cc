@@ -493,6 +493,11 @@ void BrokerServer::Shutdown(absl::Duration grace) {
   if (mcp_http_) {
     mcp_->CancelAll();
     mcp_http_->Stop();
+    // Cancelled calls answer quickly (their runs are killed); none may
+    // answer into a core that is gone.
+    if (!mcp_->AwaitCalls(absl::Seconds(30))) {
+      Log(LogLevel::kWarning, "mcp.calls_outlived_shutdown", {});
+    }
     mcp_->CloseAllSessions();
   }
   if (config_.drain_close_sandboxes && sessions_) sessions_->CloseAll();

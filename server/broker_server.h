@@ -75,6 +75,8 @@ class BrokerServer {
   int admin_port() const { return admin_port_; }
   // The MCP endpoint's port, or 0 without mcp.listen.
   int mcp_port() const { return mcp_http_ ? mcp_http_->port() : 0; }
+  // The MCP protocol layer, or null without mcp.listen.
+  McpServer* mcp() const { return mcp_.get(); }
   Metrics* metrics() { return metrics_.get(); }
 
   // Graceful drain (SIGTERM): health goes NOT_SERVING and new calls get

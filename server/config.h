@@ -119,7 +119,7 @@ struct BrokerConfig {
     int64_t max_body_bytes = int64_t{4} << 20;
     int64_t max_sessions = 10000;    // legacy MCP sessions, all tenants
     int64_t keepalive_seconds = 15;  // SSE comment interval on long calls
-    int64_t max_threads = 64;        // HTTP worker threads
+    int64_t max_threads = 8;  // workers for requests' quick steps (a running call holds none)
   } mcp;
   // providers.<name>: each provider reads its own object.
   nlohmann::json providers = nlohmann::json::object();

@@ -1,68 +1,353 @@
 #include "server/mcp_http.h"
 
-#include <httplib.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <event2/thread.h>
+#include <event2/util.h>
+#include <netdb.h>
+#include <openssl/ssl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
+#include "common/event_loop.h"
 #include "common/log.h"
 
 namespace sandbox {
-namespace {
 
-// An SSE response's bytes between the producer (any thread, never
-// blocked) and the connection's thread, which alone writes to the socket.
-class QueueSink final : public McpEventSink {
- public:
-  bool Write(absl::string_view bytes) override {
-    absl::MutexLock l(&mu_);
-    if (gone_) return false;
-    buf_.append(bytes.data(), bytes.size());
-    return true;
+// One request waiting for its answer. `req`, `conn`, `fd` and `streaming`
+// belong to the loop thread; the rest is shared with the producer.
+struct McpExchange {
+  // Null once answered. evhttp keeps a request whose connection failed
+  // before its answer (detached) until it is answered, so it is answered
+  // even when the client is gone.
+  evhttp_request* req = nullptr;
+  evhttp_connection* conn = nullptr;  // null once closed
+  evutil_socket_t fd = -1;
+  bool streaming = false;
+  std::atomic<bool> gone{false};  // the client went away
+  absl::Mutex mu;
+  std::string pending ABSL_GUARDED_BY(mu);  // SSE bytes not yet handed to evhttp
+  bool closed ABSL_GUARDED_BY(mu) = false;
+  bool flush_posted ABSL_GUARDED_BY(mu) = false;
+};
+
+struct McpHttpListener::Impl : std::enable_shared_from_this<McpHttpListener::Impl> {
+  McpServer* server = nullptr;
+  std::string path;
+  absl::Duration liveness;
+  event_base* base = nullptr;
+  evhttp* http = nullptr;
+  SSL_CTX* ssl = nullptr;
+  event* wake = nullptr;
+  event* tick = nullptr;
+  std::thread loop;
+  std::unique_ptr<WorkPool> workers;
+
+  absl::Mutex mu;
+  bool running ABSL_GUARDED_BY(mu) = false;
+  std::vector<std::function<void()>> tasks ABSL_GUARDED_BY(mu);
+
+  // Loop thread only: the requests of open connections awaiting answers.
+  std::map<evhttp_connection*, std::shared_ptr<McpExchange>> open;
+
+  ~Impl() { Free(); }
+
+  // Runs `fn` on the loop thread (dropped once stopped).
+  void Post(std::function<void()> fn) {
+    absl::MutexLock l(&mu);
+    if (!running) return;
+    const bool first = tasks.empty();
+    tasks.push_back(std::move(fn));
+    if (first) event_active(wake, EV_READ, 0);
   }
-  bool Alive() override {
-    absl::MutexLock l(&mu_);
-    return !gone_;
+  void RunTasks() {
+    std::vector<std::function<void()>> now;
+    {
+      absl::MutexLock l(&mu);
+      now.swap(tasks);
+    }
+    for (auto& fn : now) fn();
   }
-  void Close() override {
-    absl::MutexLock l(&mu_);
-    closed_ = true;
+
+  void OnRequest(evhttp_request* req);
+  void Answer(const std::shared_ptr<McpExchange>& x, const McpHttpResponse& r);
+  void StartStream(const std::shared_ptr<McpExchange>& x, const McpHttpResponse& r);
+  void Flush(const std::shared_ptr<McpExchange>& x);
+  void Forget(const std::shared_ptr<McpExchange>& x) {
+    auto it = x->conn != nullptr ? open.find(x->conn) : open.end();
+    if (it != open.end() && it->second == x) open.erase(it);
+    x->req = nullptr;
   }
-  // On the connection's thread: sends what is written until the producer
-  // closes, checking every `check` that the client is still there. False
-  // once it is gone.
-  bool Pump(httplib::DataSink& sink, absl::Duration check) {
-    for (;;) {
-      std::string out;
-      bool closed = false;
-      {
-        absl::MutexLock l(&mu_);
-        mu_.AwaitWithTimeout(absl::Condition(this, &QueueSink::Ready), check);
-        out.swap(buf_);
-        closed = closed_;
-      }
-      bool alive = out.empty() || sink.write(out.data(), out.size());
-      if (alive && closed) return true;
-      alive = alive && (!sink.is_writable || sink.is_writable());
-      if (!alive) {
-        absl::MutexLock l(&mu_);
-        gone_ = true;
-        return false;
+  void OnClose(evhttp_connection* conn) {
+    auto it = open.find(conn);
+    if (it == open.end()) return;
+    McpExchange& x = *it->second;
+    x.gone = true;
+    x.conn = nullptr;
+    x.fd = -1;
+    open.erase(it);
+  }
+  // A client that closed its end while waiting (evhttp reads nothing
+  // while a request is answered, so it would not notice).
+  void CheckLiveness() {
+    for (auto& [conn, x] : open) {
+      if (x->gone || x->fd < 0) continue;
+      char c;
+      const ssize_t n = recv(x->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        x->gone = true;
       }
     }
   }
-
- private:
-  bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !buf_.empty() || closed_; }
-  absl::Mutex mu_;
-  std::string buf_ ABSL_GUARDED_BY(mu_);
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  bool gone_ ABSL_GUARDED_BY(mu_) = false;
+  void Free() {
+    if (http != nullptr) evhttp_free(http);
+    http = nullptr;
+    if (wake != nullptr) event_free(wake);
+    wake = nullptr;
+    if (tick != nullptr) event_free(tick);
+    tick = nullptr;
+    if (base != nullptr) event_base_free(base);
+    base = nullptr;
+    if (ssl != nullptr) SSL_CTX_free(ssl);
+    ssl = nullptr;
+  }
 };
 
+namespace {
+
+// The producer's side of an SSE answer: never blocks; the loop writes.
+class LoopSink final : public McpEventSink {
+ public:
+  LoopSink(std::shared_ptr<McpHttpListener::Impl> impl, std::shared_ptr<McpExchange> x)
+      : impl_(std::move(impl)), x_(std::move(x)) {}
+  bool Write(absl::string_view bytes) override {
+    if (x_->gone) return false;
+    absl::MutexLock l(&x_->mu);
+    x_->pending.append(bytes.data(), bytes.size());
+    PostFlush();
+    return true;
+  }
+  bool Alive() override { return !x_->gone; }
+  void Close() override {
+    absl::MutexLock l(&x_->mu);
+    x_->closed = true;
+    PostFlush();
+  }
+
+ private:
+  void PostFlush() ABSL_EXCLUSIVE_LOCKS_REQUIRED(x_->mu) {
+    if (x_->flush_posted) return;
+    x_->flush_posted = true;
+    impl_->Post([impl = impl_, x = x_] { impl->Flush(x); });
+  }
+  const std::shared_ptr<McpHttpListener::Impl> impl_;
+  const std::shared_ptr<McpExchange> x_;
+};
+
+const char* MethodName(evhttp_cmd_type t) {
+  switch (t) {
+    case EVHTTP_REQ_GET:
+      return "GET";
+    case EVHTTP_REQ_POST:
+      return "POST";
+    case EVHTTP_REQ_HEAD:
+      return "HEAD";
+    case EVHTTP_REQ_PUT:
+      return "PUT";
+    case EVHTTP_REQ_DELETE:
+      return "DELETE";
+    case EVHTTP_REQ_OPTIONS:
+      return "OPTIONS";
+    case EVHTTP_REQ_PATCH:
+      return "PATCH";
+    default:
+      return "OTHER";
+  }
+}
+
+void SetHeaders(evhttp_request* req, const McpHttpResponse& r) {
+  evkeyvalq* out = evhttp_request_get_output_headers(req);
+  for (const auto& [k, v] : r.headers) evhttp_add_header(out, k.c_str(), v.c_str());
+  if (!r.content_type.empty()) evhttp_add_header(out, "Content-Type", r.content_type.c_str());
+}
+
+bufferevent* TlsBufferevent(event_base* base, void* arg) {
+  SSL* ssl = SSL_new(static_cast<SSL_CTX*>(arg));
+  if (ssl == nullptr) return nullptr;
+  return bufferevent_openssl_socket_new(base, -1, ssl, BUFFEREVENT_SSL_ACCEPTING,
+                                        BEV_OPT_CLOSE_ON_FREE);
+}
+
+absl::StatusOr<SSL_CTX*> MakeTlsContext(const BrokerConfig& config) {
+  SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
+  if (ctx == nullptr) return absl::InternalError("mcp: cannot create a TLS context");
+  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+  bool ok = SSL_CTX_use_certificate_chain_file(ctx, config.tls_cert_file.c_str()) == 1 &&
+            SSL_CTX_use_PrivateKey_file(ctx, config.tls_key_file.c_str(), SSL_FILETYPE_PEM) == 1 &&
+            SSL_CTX_check_private_key(ctx) == 1;
+  if (ok && !config.tls_client_ca_file.empty()) {
+    ok = SSL_CTX_load_verify_locations(ctx, config.tls_client_ca_file.c_str(), nullptr) == 1;
+    if (ok) {
+      if (STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(config.tls_client_ca_file.c_str())) {
+        SSL_CTX_set_client_CA_list(ctx, names);
+      }
+      SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+    }
+  }
+  if (!ok) {
+    SSL_CTX_free(ctx);
+    return absl::InvalidArgumentError("mcp: cannot load tls.cert_file / key_file / client_ca_file");
+  }
+  return ctx;
+}
+
+// A listening socket with a deep backlog (evhttp's own takes 128).
+absl::StatusOr<evutil_socket_t> Listen(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res) != 0 ||
+      res == nullptr) {
+    return absl::UnavailableError(absl::StrCat("mcp.listen: cannot resolve ", host));
+  }
+  evutil_socket_t fd = -1;
+  for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+    if (fd < 0) continue;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 4096) != 0) {
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(res);
+  if (fd < 0) return absl::UnavailableError("cannot bind");
+  return fd;
+}
+
+int BoundPort(evutil_socket_t fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return 0;
+  if (ss.ss_family == AF_INET) return ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  if (ss.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
+  return 0;
+}
+
 }  // namespace
+
+void McpHttpListener::Impl::OnRequest(evhttp_request* req) {
+  const evhttp_uri* uri = evhttp_request_get_evhttp_uri(req);
+  const char* p = uri != nullptr ? evhttp_uri_get_path(uri) : nullptr;
+  if (p == nullptr || path != p) {
+    evhttp_send_error(req, HTTP_NOTFOUND, nullptr);
+    return;
+  }
+  McpHttpRequest hreq;
+  hreq.method = MethodName(evhttp_request_get_command(req));
+  evkeyvalq* in = evhttp_request_get_input_headers(req);
+  for (evkeyval* kv = in->tqh_first; kv != nullptr; kv = kv->next.tqe_next) {
+    hreq.headers.emplace(absl::AsciiStrToLower(kv->key), kv->value);
+  }
+  evbuffer* body = evhttp_request_get_input_buffer(req);
+  hreq.body.resize(evbuffer_get_length(body));
+  if (!hreq.body.empty()) evbuffer_copyout(body, hreq.body.data(), hreq.body.size());
+
+  auto x = std::make_shared<McpExchange>();
+  x->req = req;
+  x->conn = evhttp_request_get_connection(req);
+  if (bufferevent* bev = evhttp_connection_get_bufferevent(x->conn)) x->fd = bufferevent_getfd(bev);
+  open[x->conn] = x;
+  evhttp_connection_set_closecb(
+      x->conn, [](evhttp_connection* conn, void* arg) { static_cast<Impl*>(arg)->OnClose(conn); },
+      this);
+  workers->Submit([self = shared_from_this(), x, hreq = std::move(hreq)] {
+    McpHttpResponse r = self->server->HandleRequest(hreq);
+    if (r.later) {
+      // The tool's answer, whenever it comes; no thread waits for it.
+      auto later = std::move(r.later);
+      later(
+          [self, x](McpHttpResponse a) {
+            self->Post([self, x, a = std::move(a)] { self->Answer(x, a); });
+          },
+          [x] { return !x->gone; });
+      return;
+    }
+    if (r.stream) {
+      auto stream = std::move(r.stream);
+      r.stream = nullptr;
+      // The status and headers go first: the stream's writes are posted
+      // after this.
+      self->Post([self, x, r] { self->StartStream(x, r); });
+      stream(std::make_shared<LoopSink>(self, x));
+      return;
+    }
+    self->Post([self, x, r = std::move(r)] { self->Answer(x, r); });
+  });
+}
+
+void McpHttpListener::Impl::Answer(const std::shared_ptr<McpExchange>& x,
+                                   const McpHttpResponse& r) {
+  if (x->req == nullptr) return;
+  SetHeaders(x->req, r);
+  evbuffer* buf = evbuffer_new();
+  if (buf != nullptr) evbuffer_add(buf, r.body.data(), r.body.size());
+  evhttp_send_reply(x->req, r.status, nullptr, buf);
+  if (buf != nullptr) evbuffer_free(buf);
+  Forget(x);
+}
+
+void McpHttpListener::Impl::StartStream(const std::shared_ptr<McpExchange>& x,
+                                        const McpHttpResponse& r) {
+  if (x->req == nullptr) return;
+  SetHeaders(x->req, r);
+  evhttp_send_reply_start(x->req, r.status, nullptr);
+  x->streaming = true;
+  Flush(x);
+}
+
+void McpHttpListener::Impl::Flush(const std::shared_ptr<McpExchange>& x) {
+  if (x->req == nullptr || !x->streaming) return;  // StartStream flushes
+  std::string out;
+  bool closed = false;
+  {
+    absl::MutexLock l(&x->mu);
+    x->flush_posted = false;
+    out.swap(x->pending);
+    closed = x->closed;
+  }
+  if (!out.empty() && !x->gone) {
+    evbuffer* buf = evbuffer_new();
+    if (buf != nullptr) {
+      evbuffer_add(buf, out.data(), out.size());
+      evhttp_send_reply_chunk(x->req, buf);
+      evbuffer_free(buf);
+    }
+  }
+  if (closed) {
+    evhttp_send_reply_end(x->req);  // also frees a detached request
+    Forget(x);
+  }
+}
 
 bool IsLoopbackListen(const std::string& listen) {
   std::string host = listen.substr(0, listen.rfind(':'));
@@ -71,7 +356,19 @@ bool IsLoopbackListen(const std::string& listen) {
 
 absl::StatusOr<std::unique_ptr<McpHttpListener>> McpHttpListener::Start(
     McpServer* server, const BrokerConfig& config) {
-  std::unique_ptr<McpHttpListener> l(new McpHttpListener());
+  return Start(server, config, Options());
+}
+
+absl::StatusOr<std::unique_ptr<McpHttpListener>> McpHttpListener::Start(McpServer* server,
+                                                                        const BrokerConfig& config,
+                                                                        const Options& options) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    evthread_use_pthreads();
+    // A client gone mid-answer must not kill the daemon (evbuffer writes
+    // with writev, which raises SIGPIPE).
+    signal(SIGPIPE, SIG_IGN);
+  });
   const BrokerConfig::Mcp& mc = config.mcp;
   const size_t colon = mc.listen.rfind(':');
   int port = -1;
@@ -84,88 +381,90 @@ absl::StatusOr<std::unique_ptr<McpHttpListener>> McpHttpListener::Start(
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
+  auto impl = std::make_shared<Impl>();
+  impl->server = server;
+  impl->path = mc.path;
+  impl->liveness = server->options().liveness_interval;
   if (!config.tls_cert_file.empty()) {
-    auto ssl = std::make_unique<httplib::SSLServer>(
-        config.tls_cert_file.c_str(), config.tls_key_file.c_str(),
-        config.tls_client_ca_file.empty() ? nullptr : config.tls_client_ca_file.c_str());
-    if (!ssl->is_valid()) {
-      return absl::InvalidArgumentError("mcp: cannot load tls.cert_file / key_file / client_ca_file");
-    }
-    l->http_ = std::move(ssl);
-  } else {
-    l->http_ = std::make_unique<httplib::Server>();
+    absl::StatusOr<SSL_CTX*> ctx = MakeTlsContext(config);
+    if (!ctx.ok()) return ctx.status();
+    impl->ssl = *ctx;
   }
-  httplib::Server& http = *l->http_;
-  const size_t threads = static_cast<size_t>(mc.max_threads);
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  http.set_payload_max_length(static_cast<size_t>(mc.max_body_bytes));
-  // Long runs stream their response; the write timeout is per write.
-  http.set_read_timeout(30, 0);
-  const absl::Duration check = server->options().liveness_interval;
-  auto handler = [server, check](const httplib::Request& hreq, httplib::Response& hres) {
-    McpHttpRequest req;
-    req.method = hreq.method;
-    for (const auto& [k, v] : hreq.headers) {
-      req.headers.emplace(absl::AsciiStrToLower(k), v);
-    }
-    req.body = hreq.body;
-    McpHttpResponse resp = server->HandleRequest(req);
-    if (resp.later) {
-      // httplib answers on this thread; the core holds none meanwhile.
-      absl::Notification answered;
-      McpHttpResponse out;
-      auto later = std::move(resp.later);
-      later([&](McpHttpResponse r) {
-        out = std::move(r);
-        answered.Notify();
-      });
-      answered.WaitForNotification();
-      resp = std::move(out);
-    }
-    hres.status = resp.status;
-    for (const auto& [k, v] : resp.headers) hres.set_header(k, v);
-    if (resp.stream) {
-      auto stream = std::make_shared<std::function<void(std::shared_ptr<McpEventSink>)>>(
-          std::move(resp.stream));
-      hres.set_chunked_content_provider(resp.content_type,
-                                        [stream, check](size_t, httplib::DataSink& sink) {
-                                          auto queue = std::make_shared<QueueSink>();
-                                          (*stream)(queue);
-                                          if (!queue->Pump(sink, check)) return false;
-                                          sink.done();
-                                          return true;
-                                        });
-    } else if (!resp.body.empty()) {
-      hres.set_content(resp.body, resp.content_type);
-    }
-  };
-  http.Post(mc.path, handler);
-  http.Get(mc.path, handler);
-  http.Delete(mc.path, handler);
-  http.Put(mc.path, handler);
-  http.Patch(mc.path, handler);
-  http.Options(mc.path, handler);
-  if (port == 0) {
-    l->port_ = http.bind_to_any_port(host);
-  } else if (http.bind_to_port(host, port)) {
-    l->port_ = port;
+  impl->base = event_base_new();
+  impl->http = impl->base != nullptr ? evhttp_new(impl->base) : nullptr;
+  if (impl->http == nullptr) return absl::InternalError("mcp: cannot create the HTTP server");
+  Impl* raw = impl.get();
+  impl->wake = event_new(
+      impl->base, -1, EV_PERSIST,
+      [](evutil_socket_t, short, void* arg) { static_cast<Impl*>(arg)->RunTasks(); }, raw);
+  impl->tick = event_new(
+      impl->base, -1, EV_PERSIST,
+      [](evutil_socket_t, short, void* arg) { static_cast<Impl*>(arg)->CheckLiveness(); }, raw);
+  if (impl->wake == nullptr || impl->tick == nullptr) {
+    return absl::InternalError("mcp: cannot create the loop's events");
   }
-  if (l->port_ <= 0) {
+  const timeval every = absl::ToTimeval(impl->liveness);
+  event_add(impl->tick, &every);
+  if (impl->ssl != nullptr) evhttp_set_bevcb(impl->http, TlsBufferevent, impl->ssl);
+  evhttp_set_allowed_methods(impl->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_DELETE |
+                                             EVHTTP_REQ_PUT | EVHTTP_REQ_PATCH |
+                                             EVHTTP_REQ_OPTIONS | EVHTTP_REQ_HEAD);
+  // McpServer answers a body over max_body_bytes with a JSON-RPC 413;
+  // evhttp stops reading well past it.
+  evhttp_set_max_body_size(impl->http, static_cast<ev_ssize_t>(mc.max_body_bytes) * 2 + 65536);
+  evhttp_set_max_headers_size(impl->http, 64 << 10);
+  const timeval idle = absl::ToTimeval(options.idle_timeout);
+  evhttp_set_timeout_tv(impl->http, &idle);
+  evhttp_set_default_content_type(impl->http, nullptr);
+  evhttp_set_gencb(
+      impl->http, [](evhttp_request* req, void* arg) { static_cast<Impl*>(arg)->OnRequest(req); },
+      raw);
+  absl::StatusOr<evutil_socket_t> fd = Listen(host, port);
+  if (!fd.ok())
+    return absl::UnavailableError(absl::StrCat("mcp.listen: cannot listen on ", mc.listen));
+  const int bound = BoundPort(*fd);
+  if (evhttp_accept_socket(impl->http, *fd) != 0 || bound <= 0) {
+    close(*fd);
     return absl::UnavailableError(absl::StrCat("mcp.listen: cannot listen on ", mc.listen));
   }
-  httplib::Server* raw = l->http_.get();
-  l->thread_ = std::thread([raw] { raw->listen_after_bind(); });
+  impl->workers = std::make_unique<WorkPool>("mcp-http", static_cast<int>(mc.max_threads));
+  {
+    absl::MutexLock l(&impl->mu);
+    impl->running = true;
+  }
+  impl->loop = std::thread([raw] {
+    pthread_setname_np(pthread_self(), "mcp-http-loop");
+    event_base_loop(raw->base, EVLOOP_NO_EXIT_ON_EMPTY);
+  });
+  std::unique_ptr<McpHttpListener> l(new McpHttpListener());
+  l->impl_ = std::move(impl);
+  l->port_ = bound;
   Log(LogLevel::kInfo, "mcp.serving",
-      {{"address", absl::StrCat(mc.listen.substr(0, colon), ":", l->port_)},
+      {{"address", absl::StrCat(mc.listen.substr(0, colon), ":", bound)},
        {"path", mc.path},
-       {"port", l->port_},
+       {"port", bound},
        {"tls", !config.tls_cert_file.empty()}});
   return l;
 }
 
 void McpHttpListener::Stop() {
-  if (http_) http_->stop();
-  if (thread_.joinable()) thread_.join();
+  if (!impl_) return;
+  {
+    absl::MutexLock l(&impl_->mu);
+    if (!impl_->running) return;
+    impl_->running = false;
+  }
+  event_base_loopbreak(impl_->base);
+  if (impl_->loop.joinable()) impl_->loop.join();
+  // Requests being parsed finish; what they post is dropped.
+  impl_->workers.reset();
+  for (auto& [conn, x] : impl_->open) {
+    x->gone = true;
+    x->req = nullptr;
+  }
+  impl_->open.clear();
+  // Frees every connection; producers still holding a sink see it gone.
+  impl_->Free();
 }
 
 McpHttpListener::~McpHttpListener() { Stop(); }

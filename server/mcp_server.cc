@@ -213,10 +213,19 @@ struct Once {
 
 }  // namespace
 
+struct McpServer::CallCount {
+  absl::Mutex mu;
+  int n ABSL_GUARDED_BY(mu) = 0;
+};
+
 McpServer::McpServer(McpBackend* backend, Clock* clock, McpServerOptions options)
-    : backend_(backend), clock_(clock), options_(std::move(options)) {}
+    : backend_(backend),
+      clock_(clock),
+      options_(std::move(options)),
+      calls_(std::make_shared<CallCount>()) {}
 
 McpServer::~McpServer() {
+  AwaitCalls(absl::InfiniteDuration());
   {
     absl::MutexLock l(&streams_mu_);
     watcher_stop_ = true;
@@ -597,7 +606,9 @@ McpHttpResponse McpServer::Legacy(const McpHttpRequest& req, const json& msg,
   auto once = std::make_shared<Once>();
   once->f = std::move(done);
   McpHttpResponse r;
-  r.later = [this, msg, d, once, id](McpHttpResponse::Reply reply) {
+  r.later = [this, msg, d, once, id](McpHttpResponse::Reply reply,
+                                     std::function<bool()> alive) mutable {
+    if (alive) d.cancelled = [prev = d.cancelled, alive] { return prev() || !alive(); };
     CallAsync(msg, d, [once, id, reply](json resp, int) {
       once->Run();
       if (resp.is_null()) resp = McpError(id, kInternalError, "request cancelled");
@@ -685,7 +696,8 @@ McpHttpResponse McpServer::Modern(const McpHttpRequest& req, const json& msg,
   if (method == "tools/call") {
     d.cancelled = [this] { return stopping_.load(); };
     McpHttpResponse r;
-    r.later = [this, msg, d](McpHttpResponse::Reply reply) {
+    r.later = [this, msg, d](McpHttpResponse::Reply reply, std::function<bool()> alive) mutable {
+      if (alive) d.cancelled = [prev = d.cancelled, alive] { return prev() || !alive(); };
       CallAsync(msg, d, [reply](json resp, int status) { reply(JsonResponse(status, resp)); });
     };
     return r;
@@ -718,8 +730,8 @@ McpHttpResponse McpServer::Streamed(const json& msg, Dispatch d,
       // A cancelled request gets no response (the client stopped waiting).
       if (!resp.is_null() && !flag->load()) st->Write(SseFrame(resp));
       Unwatch(st);
-      st->sink->Close();
       once->Run();
+      st->sink->Close();
     });
   };
   return r;
@@ -805,13 +817,33 @@ void McpServer::CallAsync(const json& msg, const Dispatch& d, CallDone done) {
   }
   McpCall mc = call->call;
   pb::CallToolRequest req = call->req;
-  backend_->CallToolAsync(std::move(mc), std::move(req),
-                          [this, call, d, done](absl::StatusOr<McpToolOutcome> out) {
-                            json resp = ToolsCallResult(*call, d, std::move(out));
-                            int status = 200;
-                            Finalize(d, &resp, &status);
-                            done(std::move(resp), status);
-                          });
+  {
+    absl::MutexLock l(&calls_->mu);
+    calls_->n++;
+  }
+  backend_->CallToolAsync(
+      std::move(mc), std::move(req),
+      [this, call, d, done, count = calls_](absl::StatusOr<McpToolOutcome> out) {
+        json resp = ToolsCallResult(*call, d, std::move(out));
+        int status = 200;
+        Finalize(d, &resp, &status);
+        done(std::move(resp), status);
+        // Last: once counted out, the server may be destroyed.
+        absl::MutexLock l(&count->mu);
+        count->n--;
+      });
+}
+
+bool McpServer::AwaitCalls(absl::Duration timeout) {
+  absl::MutexLock l(&calls_->mu);
+  return calls_->mu.AwaitWithTimeout(absl::Condition(
+                                         +[](int* n) { return *n == 0; }, &calls_->n),
+                                     timeout);
+}
+
+int McpServer::calls_running() {
+  absl::MutexLock l(&calls_->mu);
+  return calls_->n;
 }
 
 json McpServer::Call(const json& msg, const Dispatch& d, int* http_status) {

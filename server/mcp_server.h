@@ -3,7 +3,7 @@
 // The Model Context Protocol over the broker, without a transport: the
 // Streamable HTTP rules of both protocol eras (2025-11-25 with initialize and
 // Mcp-Session-Id; the stateless 2026-07-28 with per-request _meta and
-// mirrored headers) and JSON-RPC dispatch shared with stdio. The httplib
+// mirrored headers) and JSON-RPC dispatch shared with stdio. The evhttp
 // shell (server/mcp_http.h) and `sandboxctl mcp` (stdio) are thin layers on
 // top; tests and fuzzers call HandleRequest directly.
 
@@ -89,8 +89,10 @@ struct McpHttpResponse {
   // Set for a response that is not ready yet (a tool call answered as
   // JSON): the shell calls this once; `reply` gets the whole response
   // exactly once, maybe on another thread, maybe before this returns.
+  // `alive` (may be null; must not block) says whether the client is still
+  // there: once false the call is cancelled.
   using Reply = std::function<void(McpHttpResponse)>;
-  std::function<void(Reply)> later;
+  std::function<void(Reply reply, std::function<bool()> alive)> later;
 };
 
 // Thread-safe.
@@ -112,6 +114,12 @@ class McpServer {
   size_t session_count();
   // Drain: every running call is cancelled (its run killed).
   void CancelAll() { stopping_ = true; }
+  // Waits until no tool call is running (the backend has answered each);
+  // false at the timeout. A server's shutdown calls it after CancelAll, so
+  // no answer outlives the core it comes from.
+  bool AwaitCalls(absl::Duration timeout);
+  // Tool calls the backend has not answered yet.
+  int calls_running();
 
   // What a stdio transport needs (McpStdio): JSON-RPC on one message.
   struct Dispatch {
@@ -191,6 +199,10 @@ class McpServer {
   absl::flat_hash_map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
   absl::Time last_sweep_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stopping_{false};
+  // Tool calls not yet answered. Shared with each call's answer, which
+  // counts itself out last (after it is done with this server).
+  struct CallCount;
+  const std::shared_ptr<CallCount> calls_;
   absl::Mutex streams_mu_;
   std::vector<std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(streams_mu_);
   bool watcher_stop_ ABSL_GUARDED_BY(streams_mu_) = false;

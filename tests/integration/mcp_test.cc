@@ -2,10 +2,17 @@
 // starts from mcp.listen, TLS and mutual TLS with the gRPC settings, and a
 // drain that ends a running MCP call.
 
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <functional>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "tests/testing/broker_fixture.h"
 #include "tests/testing/test_cert.h"
 
@@ -32,6 +39,61 @@ class McpHttpTest : public BrokerFixture {
                              {"arguments", {{"code", code}}},
                              {"_meta", meta}}}})
         .dump();
+  }
+  // A raw HTTP/1.1 connection to the MCP port with one request written
+  // (no client thread waits on it); -1 on failure.
+  int SendRaw(const std::string& body, const std::string& tool, bool sse) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(server_->mcp_port()));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+      if (fd >= 0) close(fd);
+      return -1;
+    }
+    std::string req = absl::StrCat(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer token-alpha-123\r\n",
+        "Accept: application/json", sse ? ", text/event-stream" : "",
+        "\r\nContent-Type: application/json\r\nMCP-Protocol-Version: 2026-07-28\r\n",
+        "Mcp-Method: tools/call\r\nMcp-Name: ", tool, "\r\nConnection: close\r\n",
+        "Content-Length: ", body.size(), "\r\n\r\n", body);
+    if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
+      close(fd);
+      return -1;
+    }
+    return fd;
+  }
+  // Everything the server sends until it closes.
+  static std::string ReadAll(int fd) {
+    std::string out;
+    char buf[4096];
+    for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, static_cast<size_t>(n));
+    close(fd);
+    return out;
+  }
+  // Polls `done` until true or `limit` passes.
+  static bool Until(const std::function<bool()>& done, absl::Duration limit = absl::Seconds(30)) {
+    const absl::Time end = absl::Now() + limit;
+    while (!done()) {
+      if (absl::Now() > end) return false;
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    return true;
+  }
+  static int Threads() {
+    int n = 0;
+    DIR* d = opendir("/proc/self/task");
+    if (d == nullptr) return -1;
+    while (struct dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+  }
+  static std::string CallBody(const std::string& tool, const std::string& code, int id) {
+    nlohmann::json body = nlohmann::json::parse(RunBody(code));
+    body["id"] = id;
+    body["params"]["name"] = tool;
+    return body.dump();
   }
   static std::string OutputOf(const std::string& sse) {
     size_t at = sse.rfind("data: ");
@@ -110,6 +172,47 @@ TEST_F(McpHttpTest, DrainEndsARunningCall) {
   call.join();
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   EXPECT_EQ(body.find("\"output\""), std::string::npos) << body;  // no result: cancelled
+}
+
+// Calls in flight over real HTTP hold no thread: 300 connections, each a
+// tools/call the echo provider answers after 3 s, half as JSON and half as
+// SSE. No client thread waits either (raw sockets, read afterwards).
+TEST_F(McpHttpTest, CallsInFlightHoldNoThread) {
+  StartBroker(R"({"mcp": {"listen": "127.0.0.1:0"}, "default_provider": "echo",
+      "providers": {"echo": {"hold_ms": 3000}}})");
+  ReadAll(SendRaw(CallBody("sandbox_echo_run", "warm", 0), "sandbox_echo_run", false));
+  const int before = Threads();
+  constexpr int kCalls = 300;
+  std::vector<int> fds;
+  for (int i = 0; i < kCalls; ++i) {
+    fds.push_back(SendRaw(CallBody("sandbox_echo_run", absl::StrCat("call-", i), i + 1),
+                          "sandbox_echo_run", i % 2 == 0));
+    ASSERT_GE(fds.back(), 0) << i;
+  }
+  ASSERT_TRUE(Until([&] { return server_->mcp()->calls_running() == kCalls; }))
+      << server_->mcp()->calls_running();
+  const int during = Threads();
+  // A thread per connection (the cpp-httplib listener) would be 300.
+  EXPECT_LT(during - before, 16) << before << " -> " << during;
+  for (int i = 0; i < kCalls; ++i) {
+    const std::string reply = ReadAll(fds[i]);
+    EXPECT_TRUE(absl::StartsWith(reply, "HTTP/1.1 200")) << reply;
+    EXPECT_NE(reply.find(absl::StrCat("\"output\":\"call-", i, "\"")), std::string::npos)
+        << i << ": " << reply;
+  }
+}
+
+// A client that goes away while its call runs (a JSON answer: nothing is
+// written until the end) gets its run killed, not finished.
+TEST_F(McpHttpTest, AClientThatHangsUpCancelsItsRun) {
+  StartBroker(R"({"mcp": {"listen": "127.0.0.1:0"}})");
+  const int fd = SendRaw(CallBody("sandbox_local_run", "import time\ntime.sleep(60)", 1),
+                         "sandbox_local_run", false);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(Until([&] { return server_->mcp()->calls_running() == 1; }));
+  close(fd);
+  // Well before the run's 60 s.
+  EXPECT_TRUE(Until([&] { return server_->mcp()->calls_running() == 0; }));
 }
 
 }  // namespace

@@ -75,10 +75,12 @@ McpHttpResponse McpAnswered(McpHttpResponse r) {
   absl::Notification answered;
   McpHttpResponse out;
   auto later = std::move(r.later);
-  later([&](McpHttpResponse x) {
-    out = std::move(x);
-    answered.Notify();
-  });
+  later(
+      [&](McpHttpResponse x) {
+        out = std::move(x);
+        answered.Notify();
+      },
+      nullptr);
   answered.WaitForNotification();
   return out;
 }
@@ -707,11 +709,13 @@ TEST(McpAsyncTest, ToolCallsInFlightHoldNoThread) {
         json({{"jsonrpc", "2.0"}, {"id", i}, {"method", "tools/call"}, {"params", params}}).dump();
     McpHttpResponse resp = server.HandleRequest(r);
     if (resp.later) {
-      resp.later([&, i](McpHttpResponse x) {
-        absl::MutexLock l(&mu);
-        answers[i] = x.body;
-        answered++;
-      });
+      resp.later(
+          [&, i](McpHttpResponse x) {
+            absl::MutexLock l(&mu);
+            answers[i] = x.body;
+            answered++;
+          },
+          nullptr);
     } else {
       ASSERT_TRUE(resp.stream) << resp.status << " " << resp.body;
       sinks[i] = std::make_shared<StringSink>();
