@@ -11,12 +11,21 @@
 // sends Shell instead of Run, --baseline-ms prints p50 as a ratio against
 // that duration (e.g. the `sleep 3` the calls run).
 //
+// --mcp PORT sends the calls as MCP tools/call requests (2026-07-28, JSON
+// answers) over HTTP/1.1 to the broker's MCP listener instead, one
+// connection per call, all read by this one thread (epoll); --tool names
+// the tool (default sandbox_echo_run).
+//
 // --floor bash|bash-login then measures, in the same run right after, the
 // machine's own floor: N `bash -c CODE` (or `bash -l -c CODE`, what E2B's
 // SDK sends) started at once straight on the host, no broker, no sandbox,
 // no provider; p50 is reported beside the broker's and as a ratio to it.
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <spawn.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -94,6 +103,94 @@ bool Has(int argc, char** argv, const std::string& name) {
   return false;
 }
 
+// `s` as the inside of a JSON string.
+std::string JsonEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrCat("\\u00", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// One MCP tools/call per connection to 127.0.0.1:port, all written first,
+// then every answer read to EOF on this thread. Each call's time from t0 to
+// its answer's end, in ms (negative: failed), in call order.
+std::vector<double> McpCalls(int port, int calls, int sessions, const std::string& prefix,
+                             const std::string& tool, const std::string& code,
+                             const std::string& token, std::chrono::steady_clock::time_point t0,
+                             std::string* first_error) {
+  std::vector<double> ms(calls, -1);
+  std::vector<std::string> got(calls);
+  const int ep = epoll_create1(EPOLL_CLOEXEC);
+  int open = 0;
+  for (int i = 0; i < calls; ++i) {
+    const std::string id = std::to_string(i);
+    std::string body = absl::StrCat(
+        R"({"jsonrpc":"2.0","id":)", id, R"(,"method":"tools/call","params":{"name":")", tool,
+        R"(","arguments":{"code":")", JsonEscape(code), R"(","session":")", prefix, "-",
+        i % sessions, R"("},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28",)",
+        R"("io.modelcontextprotocol/clientCapabilities":{}}}})");
+    std::string req =
+        absl::StrCat("POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n",
+                     "Accept: application/json\r\nMCP-Protocol-Version: 2026-07-28\r\n",
+                     "Mcp-Method: tools/call\r\nMcp-Name: ", tool, "\r\nConnection: close\r\n",
+                     token.empty() ? "" : absl::StrCat("Authorization: Bearer ", token, "\r\n"),
+                     "Content-Length: ", body.size(), "\r\n\r\n", body);
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+        write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
+      if (first_error->empty()) *first_error = absl::StrCat("connect/write: errno ", errno);
+      if (fd >= 0) close(fd);
+      continue;
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = (static_cast<uint64_t>(i) << 32) | static_cast<uint32_t>(fd);
+    epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+    ++open;
+  }
+  std::vector<epoll_event> evs(256);
+  char buf[8192];
+  while (open > 0) {
+    const int n = epoll_wait(ep, evs.data(), static_cast<int>(evs.size()), 130000);
+    if (n <= 0) break;
+    for (int k = 0; k < n; ++k) {
+      const int i = static_cast<int>(evs[k].data.u64 >> 32);
+      const int fd = static_cast<int>(evs[k].data.u64 & 0xffffffffu);
+      const ssize_t r = read(fd, buf, sizeof(buf));
+      if (r > 0) {
+        got[i].append(buf, static_cast<size_t>(r));
+        continue;
+      }
+      close(fd);
+      --open;
+      const bool ok = got[i].rfind("HTTP/1.1 200", 0) == 0 &&
+                      got[i].find(R"("isError":false)") != std::string::npos;
+      if (ok) {
+        ms[i] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                    .count();
+      } else if (first_error->empty()) {
+        *first_error = got[i].substr(0, 300);
+      }
+    }
+  }
+  close(ep);
+  return ms;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -139,6 +236,48 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "sessions started; firing\n");  // a mark for profilers
   }
   const Proc before = pid > 0 ? ReadProc(pid) : Proc{};
+  if (Has(argc, argv, "mcp")) {
+    const int port = std::atoi(Flag(argc, argv, "mcp", "0").c_str());
+    const std::string tool = Flag(argc, argv, "tool", "sandbox_echo_run");
+    std::atomic<bool> done{false};
+    Proc peak = before;
+    std::thread sampler([&] {
+      while (!done && pid > 0) {
+        Proc p = ReadProc(pid);
+        peak.threads = std::max(peak.threads, p.threads);
+        peak.rss_kib = std::max(peak.rss_kib, p.rss_kib);
+        usleep(20000);
+      }
+    });
+    std::string first_error;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<double> all =
+        McpCalls(port, calls, sessions, prefix, tool, code, token, t0, &first_error);
+    done = true;
+    sampler.join();
+    std::vector<double> ms;
+    for (double m : all) {
+      if (m >= 0) ms.push_back(m);
+    }
+    std::sort(ms.begin(), ms.end());
+    const int errors = calls - static_cast<int>(ms.size());
+    auto pct = [&](double q) {
+      return ms.empty() ? 0.0 : ms[std::min(ms.size() - 1, size_t(q * ms.size()))];
+    };
+    std::printf("mcp calls %d sessions %d: errors %d%s%s\n", calls, sessions, errors,
+                errors ? " first: " : "", first_error.c_str());
+    std::printf("  p50 %.0f ms  p99 %.0f ms  max %.0f ms\n", pct(0.5), pct(0.99),
+                ms.empty() ? 0.0 : ms.back());
+    if (baseline_ms > 0)
+      std::printf("  p50 / %.0f ms = %.3fx\n", baseline_ms, pct(0.5) / baseline_ms);
+    if (pid > 0) {
+      std::printf(
+          "  broker threads %d -> peak %d; RSS %lld KiB -> peak %lld KiB (%.1f KiB per call)\n",
+          before.threads, peak.threads, static_cast<long long>(before.rss_kib),
+          static_cast<long long>(peak.rss_kib), double(peak.rss_kib - before.rss_kib) / calls);
+    }
+    return errors == 0 ? 0 : 1;
+  }
 
   struct Call {
     grpc::ClientContext ctx;
