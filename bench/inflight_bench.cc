@@ -103,6 +103,18 @@ bool Has(int argc, char** argv, const std::string& name) {
   return false;
 }
 
+// The q-quantile of sorted `ms` (0 when empty).
+double Pct(const std::vector<double>& ms, double q) {
+  return ms.empty() ? 0.0 : ms[std::min(ms.size() - 1, size_t(q * ms.size()))];
+}
+
+// The broker's threads and RSS before the burst and at its peak.
+void PrintGrowth(const Proc& before, const Proc& peak, int calls) {
+  std::printf("  broker threads %d -> peak %d; RSS %lld KiB -> peak %lld KiB (%.1f KiB per call)\n",
+              before.threads, peak.threads, static_cast<long long>(before.rss_kib),
+              static_cast<long long>(peak.rss_kib), double(peak.rss_kib - before.rss_kib) / calls);
+}
+
 // `s` as the inside of a JSON string.
 std::string JsonEscape(const std::string& s) {
   std::string out;
@@ -261,21 +273,13 @@ int main(int argc, char** argv) {
     }
     std::sort(ms.begin(), ms.end());
     const int errors = calls - static_cast<int>(ms.size());
-    auto pct = [&](double q) {
-      return ms.empty() ? 0.0 : ms[std::min(ms.size() - 1, size_t(q * ms.size()))];
-    };
     std::printf("mcp calls %d sessions %d: errors %d%s%s\n", calls, sessions, errors,
                 errors ? " first: " : "", first_error.c_str());
-    std::printf("  p50 %.0f ms  p99 %.0f ms  max %.0f ms\n", pct(0.5), pct(0.99),
+    std::printf("  p50 %.0f ms  p99 %.0f ms  max %.0f ms\n", Pct(ms, 0.5), Pct(ms, 0.99),
                 ms.empty() ? 0.0 : ms.back());
     if (baseline_ms > 0)
-      std::printf("  p50 / %.0f ms = %.3fx\n", baseline_ms, pct(0.5) / baseline_ms);
-    if (pid > 0) {
-      std::printf(
-          "  broker threads %d -> peak %d; RSS %lld KiB -> peak %lld KiB (%.1f KiB per call)\n",
-          before.threads, peak.threads, static_cast<long long>(before.rss_kib),
-          static_cast<long long>(peak.rss_kib), double(peak.rss_kib - before.rss_kib) / calls);
-    }
+      std::printf("  p50 / %.0f ms = %.3fx\n", baseline_ms, Pct(ms, 0.5) / baseline_ms);
+    if (pid > 0) PrintGrowth(before, peak, calls);
     return errors == 0 ? 0 : 1;
   }
 
@@ -341,21 +345,14 @@ int main(int argc, char** argv) {
     ms.push_back(c->ms);
   }
   std::sort(ms.begin(), ms.end());
-  auto pct = [&](double q) {
-    return ms.empty() ? 0.0 : ms[std::min(ms.size() - 1, size_t(q * ms.size()))];
-  };
+  auto pct = [&](double q) { return Pct(ms, q); };
   std::printf("calls %d sessions %d: errors %d%s%s\n", calls, sessions, errors,
               errors ? " first: " : "", first_error.c_str());
   std::printf("  fired in %.0f ms; p50 %.0f ms  p99 %.0f ms  max %.0f ms\n", fired_ms, pct(0.5),
               pct(0.99), ms.empty() ? 0.0 : ms.back());
   if (baseline_ms > 0)
     std::printf("  p50 / %.0f ms = %.3fx\n", baseline_ms, pct(0.5) / baseline_ms);
-  if (pid > 0) {
-    std::printf(
-        "  broker threads %d -> peak %d; RSS %lld KiB -> peak %lld KiB (%.1f KiB per call)\n",
-        before.threads, peak.threads, static_cast<long long>(before.rss_kib),
-        static_cast<long long>(peak.rss_kib), double(peak.rss_kib - before.rss_kib) / calls);
-  }
+  if (pid > 0) PrintGrowth(before, peak, calls);
   const std::string floor = Flag(argc, argv, "floor", "");
   if (!floor.empty()) {
     std::vector<std::string> args = {"/bin/bash"};

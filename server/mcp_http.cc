@@ -11,6 +11,7 @@
 #include <event2/thread.h>
 #include <event2/util.h>
 #include <netdb.h>
+#include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -39,6 +40,12 @@ struct McpExchange {
   evhttp_connection* conn = nullptr;  // null once closed
   evutil_socket_t fd = -1;
   bool streaming = false;
+  // A chunk handed to evhttp whose write has not been reported done. The
+  // next chunk, or the end, waits for that report: evhttp runs a write's
+  // done-callback deferred, after the watermark check, so an end queued
+  // behind it would be taken as written and the connection closed with the
+  // terminating chunk unsent (seen with TLS bufferevents).
+  bool writing = false;
   std::atomic<bool> gone{false};  // the client went away
   absl::Mutex mu;
   std::string pending ABSL_GUARDED_BY(mu);  // SSE bytes not yet handed to evhttp
@@ -88,18 +95,36 @@ struct McpHttpListener::Impl : std::enable_shared_from_this<McpHttpListener::Imp
   void Answer(const std::shared_ptr<McpExchange>& x, const McpHttpResponse& r);
   void StartStream(const std::shared_ptr<McpExchange>& x, const McpHttpResponse& r);
   void Flush(const std::shared_ptr<McpExchange>& x);
+  void SendChunk(McpExchange* x, absl::string_view bytes);
   void Forget(const std::shared_ptr<McpExchange>& x) {
     auto it = x->conn != nullptr ? open.find(x->conn) : open.end();
     if (it != open.end() && it->second == x) open.erase(it);
     x->req = nullptr;
   }
   void OnClose(evhttp_connection* conn) {
+    // evhttp closes the socket next. A TLS client gets close_notify (not a
+    // bare FIN), and bytes it sent that were never read are drained first:
+    // closing with unread data sends a reset, which can destroy the end of
+    // the answer still in flight to the client.
+    if (bufferevent* bev = evhttp_connection_get_bufferevent(conn)) {
+      if (ssl != nullptr) {
+        if (SSL* s = bufferevent_openssl_get_ssl(bev)) {
+          SSL_shutdown(s);
+          ERR_clear_error();  // the loop thread's queue: later reads consult it
+        }
+      }
+      const evutil_socket_t fd = bufferevent_getfd(bev);
+      char drain[4096];
+      while (fd >= 0 && recv(fd, drain, sizeof(drain), MSG_DONTWAIT) > 0) {
+      }
+    }
     auto it = open.find(conn);
     if (it == open.end()) return;
     McpExchange& x = *it->second;
     x.gone = true;
     x.conn = nullptr;
     x.fd = -1;
+    x.writing = false;  // its done-callback will not come
     open.erase(it);
   }
   // A client that closed its end while waiting (evhttp reads nothing
@@ -322,11 +347,32 @@ void McpHttpListener::Impl::StartStream(const std::shared_ptr<McpExchange>& x,
   SetHeaders(x->req, r);
   evhttp_send_reply_start(x->req, r.status, nullptr);
   x->streaming = true;
-  Flush(x);
+  // An SSE comment, so the headers' write is tracked like every chunk's.
+  SendChunk(x.get(), ":\n\n");
+}
+
+void McpHttpListener::Impl::SendChunk(McpExchange* x, absl::string_view bytes) {
+  evbuffer* buf = evbuffer_new();
+  if (buf == nullptr) return;
+  evbuffer_add(buf, bytes.data(), bytes.size());
+  x->writing = true;
+  evhttp_send_reply_chunk_with_cb(
+      x->req, buf,
+      [](evhttp_connection* conn, void* arg) {
+        Impl* self = static_cast<Impl*>(arg);
+        auto it = self->open.find(conn);
+        if (it == self->open.end()) return;
+        std::shared_ptr<McpExchange> x = it->second;
+        x->writing = false;
+        self->Flush(x);
+      },
+      this);
+  evbuffer_free(buf);
 }
 
 void McpHttpListener::Impl::Flush(const std::shared_ptr<McpExchange>& x) {
-  if (x->req == nullptr || !x->streaming) return;  // StartStream flushes
+  // StartStream, or the write in progress, flushes again.
+  if (x->req == nullptr || !x->streaming || x->writing) return;
   std::string out;
   bool closed = false;
   {
@@ -335,13 +381,9 @@ void McpHttpListener::Impl::Flush(const std::shared_ptr<McpExchange>& x) {
     out.swap(x->pending);
     closed = x->closed;
   }
-  if (!out.empty() && !x->gone) {
-    evbuffer* buf = evbuffer_new();
-    if (buf != nullptr) {
-      evbuffer_add(buf, out.data(), out.size());
-      evhttp_send_reply_chunk(x->req, buf);
-      evbuffer_free(buf);
-    }
+  if (!out.empty() && !x->gone && x->conn != nullptr) {
+    SendChunk(x.get(), out);  // the end, if closed, after it is written
+    return;
   }
   if (closed) {
     evhttp_send_reply_end(x->req);  // also frees a detached request

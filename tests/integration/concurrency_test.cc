@@ -1,7 +1,6 @@
 // Thousands of calls in flight (README "Concurrency and limits"): calls that
 // wait hold no thread, and the limits queue, then refuse naming themselves.
 
-#include <dirent.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
@@ -16,18 +15,10 @@
 #include "tests/fakes/fake_daytona.h"
 #include "tests/fakes/fake_e2b.h"
 #include "tests/testing/broker_fixture.h"
+#include "tests/testing/threads.h"
 
 namespace sandbox {
 namespace {
-
-int ThreadCount() {
-  int n = 0;
-  DIR* d = opendir("/proc/self/task");
-  if (d == nullptr) return -1;
-  while (struct dirent* e = readdir(d)) n += e->d_name[0] != '.';
-  closedir(d);
-  return n;
-}
 
 // Waits (polling a condition, not a duration) until `done` or 60 s.
 template <typename Fn>
@@ -229,13 +220,13 @@ TEST_F(ConcurrencyTest, HeldCallsHoldNoThreads) {
     Calls warm(stub_.get());
     warm.Run("held", "warm");  // the session exists; gRPC's threads are up
   }
-  const int before = ThreadCount();
+  const int before = ProcessThreadCount();
   constexpr int kCalls = 1000;
   Calls calls(stub_.get());
   for (int i = 0; i < kCalls; ++i) calls.Run("held", absl::StrCat("call ", i));
   ASSERT_TRUE(WaitFor([&] { return server_->service()->calls_in_flight() == kCalls; }))
       << server_->service()->calls_in_flight();
-  const int during = ThreadCount();
+  const int during = ProcessThreadCount();
   calls.Wait();
   for (int i = 0; i < kCalls; ++i) {
     ASSERT_TRUE(calls.status(i).ok()) << i << ": " << calls.status(i).error_message();
@@ -394,13 +385,13 @@ TEST_F(ConcurrencyTest, LocalRunsWaitOnTheEventLoop) {
   for (int i = 0; i < kSessions; ++i) {
     ASSERT_TRUE(Client(absl::StrCat("l", i))->Start().ok());
   }
-  const int before = ThreadCount();
+  const int before = ProcessThreadCount();
   Calls calls(stub_.get());
   for (int i = 0; i < kSessions; ++i) {
     calls.Run(absl::StrCat("l", i), "import time; time.sleep(1); print('slept')");
   }
   ASSERT_TRUE(WaitFor([&] { return server_->service()->calls_in_flight() == kSessions; }));
-  const int during = ThreadCount();
+  const int during = ProcessThreadCount();
   calls.Wait();
   for (int i = 0; i < kSessions; ++i) {
     ASSERT_TRUE(calls.status(i).ok()) << calls.status(i).error_message();
@@ -458,12 +449,12 @@ TEST_F(ConcurrencyTest, FirstCallsForOneSessionShareOneCreateAndWaitWithoutThrea
     Calls warm(stub_.get());  // gRPC's threads and the blocking pool's first
     warm.Run("warm", "print(0)");
   }
-  const int before = ThreadCount();
+  const int before = ProcessThreadCount();
   constexpr int kCalls = 50;
   Calls calls(stub_.get());
   for (int i = 0; i < kCalls; ++i) calls.Run("one", absl::StrCat("print(", i, ")"));
   ASSERT_TRUE(WaitFor([&] { return server_->service()->calls_in_flight() == kCalls; }));
-  const int during = ThreadCount();
+  const int during = ProcessThreadCount();
   calls.Wait();
   for (int i = 0; i < kCalls; ++i) {
     ASSERT_TRUE(calls.status(i).ok()) << calls.status(i).error_message();

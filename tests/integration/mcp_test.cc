@@ -3,7 +3,6 @@
 // drain that ends a running MCP call.
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -15,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "tests/testing/broker_fixture.h"
 #include "tests/testing/test_cert.h"
+#include "tests/testing/threads.h"
 
 namespace sandbox {
 namespace {
@@ -80,14 +80,6 @@ class McpHttpTest : public BrokerFixture {
       absl::SleepFor(absl::Milliseconds(2));
     }
     return true;
-  }
-  static int Threads() {
-    int n = 0;
-    DIR* d = opendir("/proc/self/task");
-    if (d == nullptr) return -1;
-    while (struct dirent* e = readdir(d)) n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
   }
   static std::string CallBody(const std::string& tool, const std::string& code, int id) {
     nlohmann::json body = nlohmann::json::parse(RunBody(code));
@@ -181,7 +173,7 @@ TEST_F(McpHttpTest, CallsInFlightHoldNoThread) {
   StartBroker(R"({"mcp": {"listen": "127.0.0.1:0"}, "default_provider": "echo",
       "providers": {"echo": {"hold_ms": 3000}}})");
   ReadAll(SendRaw(CallBody("sandbox_echo_run", "warm", 0), "sandbox_echo_run", false));
-  const int before = Threads();
+  const int before = ProcessThreadCount();
   constexpr int kCalls = 300;
   std::vector<int> fds;
   for (int i = 0; i < kCalls; ++i) {
@@ -191,7 +183,7 @@ TEST_F(McpHttpTest, CallsInFlightHoldNoThread) {
   }
   ASSERT_TRUE(Until([&] { return server_->mcp()->calls_running() == kCalls; }))
       << server_->mcp()->calls_running();
-  const int during = Threads();
+  const int during = ProcessThreadCount();
   // A thread per connection (the cpp-httplib listener) would be 300.
   EXPECT_LT(during - before, 16) << before << " -> " << during;
   for (int i = 0; i < kCalls; ++i) {
