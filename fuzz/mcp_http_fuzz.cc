@@ -44,9 +44,9 @@ constexpr char kTokenA[] = "Bearer tok-a-123456";
 constexpr char kTokenB[] = "Bearer tok-b-123456";
 constexpr char kAllowedOrigin[] = "https://app.example";
 
-const char* const kHeaders[] = {"origin",       "host",   "authorization", "mcp-session-id",
-                                "mcp-protocol-version", "content-type", "accept",
-                                "mcp-method",   "mcp-name"};
+const char* const kHeaders[] = {
+    "origin",       "host",   "authorization", "mcp-session-id", "mcp-protocol-version",
+    "content-type", "accept", "mcp-method",    "mcp-name"};
 constexpr int kNumHeaders = sizeof(kHeaders) / sizeof(kHeaders[0]);
 
 class FuzzBackend final : public sandbox::McpBackend {
@@ -60,8 +60,8 @@ class FuzzBackend final : public sandbox::McpBackend {
   absl::StatusOr<std::vector<sandbox::pb::Tool>> ListTools(const std::string&) override {
     return sandbox::BuildTools({"local"}, "", sandbox::ToolLimits());
   }
-  absl::StatusOr<sandbox::McpToolOutcome> CallTool(const sandbox::McpCall& call,
-                                                   const sandbox::pb::CallToolRequest& req) override {
+  absl::StatusOr<sandbox::McpToolOutcome> CallTool(
+      const sandbox::McpCall& call, const sandbox::pb::CallToolRequest& req) override {
     sandbox::McpToolOutcome out;
     if (absl::EndsWith(req.name(), "_read_file")) {
       out.response.set_content("file contents");

@@ -131,7 +131,9 @@ bool DecodeHeaderValue(absl::string_view v, std::string* out) {
   return true;
 }
 
-std::string SseFrame(const json& msg) { return absl::StrCat("event: message\ndata: ", Dump(msg), "\n\n"); }
+std::string SseFrame(const json& msg) {
+  return absl::StrCat("event: message\ndata: ", Dump(msg), "\n\n");
+}
 
 json Result(const json& id, json result) {
   return {{"jsonrpc", "2.0"}, {"id", id}, {"result", std::move(result)}};
@@ -331,9 +333,9 @@ bool McpServer::OriginAllowed(const std::string* origin) const {
 
 McpHttpResponse McpServer::HandleRequest(const McpHttpRequest& req) {
   if (req.body.size() > options_.max_body_bytes) {
-    return JsonResponse(413, McpError(nullptr, kInvalidRequest,
-                                      absl::StrCat("request body exceeds ",
-                                                   options_.max_body_bytes, " bytes")));
+    return JsonResponse(
+        413, McpError(nullptr, kInvalidRequest,
+                      absl::StrCat("request body exceeds ", options_.max_body_bytes, " bytes")));
   }
   if (!HostAllowed(req.Header("host"))) {
     return JsonResponse(403, McpError(nullptr, kInvalidRequest, "Host not allowed"));
@@ -351,10 +353,9 @@ McpHttpResponse McpServer::HandleRequest(const McpHttpRequest& req) {
     McpHttpResponse r = JsonResponse(
         401, McpError(nullptr, kInvalidRequest, std::string(tenant.status().message())));
     r.headers.push_back(
-        {"WWW-Authenticate",
-         req.Header("authorization") == nullptr
-             ? "Bearer realm=\"sandbox-broker\""
-             : "Bearer realm=\"sandbox-broker\", error=\"invalid_token\""});
+        {"WWW-Authenticate", req.Header("authorization") == nullptr
+                                 ? "Bearer realm=\"sandbox-broker\""
+                                 : "Bearer realm=\"sandbox-broker\", error=\"invalid_token\""});
     return r;
   }
   bool sweep = false;
@@ -368,9 +369,8 @@ McpHttpResponse McpServer::HandleRequest(const McpHttpRequest& req) {
   if (sweep) ExpireSessions();
   if (req.method == "GET") {
     // No server-initiated messages: no standalone stream (both eras allow 405).
-    McpHttpResponse r =
-        JsonResponse(405, McpError(nullptr, kInvalidRequest,
-                                   "this server offers no standalone SSE stream"));
+    McpHttpResponse r = JsonResponse(
+        405, McpError(nullptr, kInvalidRequest, "this server offers no standalone SSE stream"));
     r.headers.push_back({"Allow", "POST, DELETE"});
     return r;
   }
@@ -440,8 +440,8 @@ size_t McpServer::session_count() {
 McpHttpResponse McpServer::Post(const McpHttpRequest& req, const std::string& tenant) {
   if (const std::string* ct = req.Header("content-type");
       ct != nullptr && !absl::StrContains(absl::AsciiStrToLower(*ct), "application/json")) {
-    return JsonResponse(415, McpError(nullptr, kInvalidRequest,
-                                      "Content-Type must be application/json"));
+    return JsonResponse(
+        415, McpError(nullptr, kInvalidRequest, "Content-Type must be application/json"));
   }
   if (!JsonDepthOk(req.body)) {
     return JsonResponse(400, McpError(nullptr, kInvalidRequest,
@@ -461,7 +461,8 @@ McpHttpResponse McpServer::Post(const McpHttpRequest& req, const std::string& te
     return JsonResponse(400, McpError(nullptr, kInvalidRequest, "Invalid Request: bad id"));
   }
   if (msg.value("jsonrpc", json()) != "2.0") {
-    return JsonResponse(400, McpError(id, kInvalidRequest, "Invalid Request: jsonrpc must be \"2.0\""));
+    return JsonResponse(400,
+                        McpError(id, kInvalidRequest, "Invalid Request: jsonrpc must be \"2.0\""));
   }
   const bool has_method = msg.contains("method") && msg["method"].is_string();
   const std::string* sid = req.Header("mcp-session-id");
@@ -558,8 +559,8 @@ McpHttpResponse McpServer::Legacy(const McpHttpRequest& req, const json& msg,
       return JsonResponse(
           400, McpError(id, kInvalidRequest,
                         absl::StrCat("Bad Request: MCP-Protocol-Version ", RepairUtf8(*hv),
-                                     " is not this session's (", s.version, "); supported: ",
-                                     absl::StrJoin(McpLegacyVersions(), ", "))));
+                                     " is not this session's (", s.version,
+                                     "); supported: ", absl::StrJoin(McpLegacyVersions(), ", "))));
     }
     s.last_used = clock_->Now();
     if (method == "initialize") {
@@ -653,7 +654,8 @@ McpHttpResponse McpServer::Modern(const McpHttpRequest& req, const json& msg,
   const std::string method = msg["method"].get<std::string>();
   if (json err = CheckModernMeta(msg); !err.is_null()) return JsonResponse(400, err);
   auto mismatch = [&](const std::string& what) {
-    return JsonResponse(400, McpError(id, kHeaderMismatch, absl::StrCat("Header mismatch: ", what)));
+    return JsonResponse(400,
+                        McpError(id, kHeaderMismatch, absl::StrCat("Header mismatch: ", what)));
   };
   const std::string* hv = req.Header("mcp-protocol-version");
   if (hv == nullptr) return mismatch("MCP-Protocol-Version header is required");
@@ -756,9 +758,8 @@ json McpServer::Answer(const json& msg, const Dispatch& d, int* http_status) {
   } else if (!d.modern && method == "ping") {
     resp = Result(id, json::object());
   } else if (!d.modern && method == "logging/setLevel") {
-    static const std::vector<std::string> kLevels = {"debug",    "info",  "notice",
-                                                     "warning",  "error", "critical",
-                                                     "alert",    "emergency"};
+    static const std::vector<std::string> kLevels = {"debug", "info",     "notice", "warning",
+                                                     "error", "critical", "alert",  "emergency"};
     auto lvl = Params(msg).find("level");
     if (lvl == Params(msg).end() || !lvl->is_string() ||
         !Contains(kLevels, lvl->get<std::string>())) {
@@ -892,7 +893,8 @@ json McpServer::PrepareToolsCall(const json& msg, const Dispatch& d, ToolCall* t
   const std::string name = n->get<std::string>();
   json args = json::object();
   if (auto a = p.find("arguments"); a != p.end() && !a->is_null()) {
-    if (!a->is_object()) return McpError(id, kInvalidParams, "Invalid params: arguments must be an object");
+    if (!a->is_object())
+      return McpError(id, kInvalidParams, "Invalid params: arguments must be an object");
     args = *a;
   }
   absl::StatusOr<ToolName> tool = ParseToolName(name);
@@ -1049,9 +1051,8 @@ void McpStdio::HandleLine(const std::string& line) {
       legacy_ = true;
     }
     return Send(Result(
-        id, {{"protocolVersion", Contains(McpLegacyVersions(), requested)
-                                     ? requested
-                                     : McpLegacyVersions().front()},
+        id, {{"protocolVersion",
+              Contains(McpLegacyVersions(), requested) ? requested : McpLegacyVersions().front()},
              {"capabilities", {{"tools", {{"listChanged", false}}}, {"logging", json::object()}}},
              {"serverInfo", {{"name", "sandboxctl-mcp"}, {"version", "0.1.0"}}}}));
   }
@@ -1066,9 +1067,8 @@ void McpStdio::HandleLine(const std::string& line) {
     absl::MutexLock l(&mu_);
     if (!legacy_) {
       // Neither initialized nor modern: name what we speak.
-      return Send(McpError(
-          id, kUnsupportedVersion, "Unsupported protocol version",
-          {{"supported", McpSupportedVersions()}, {"requested", nullptr}}));
+      return Send(McpError(id, kUnsupportedVersion, "Unsupported protocol version",
+                           {{"supported", McpSupportedVersions()}, {"requested", nullptr}}));
     }
     d.default_session = broker_session_;
   }

@@ -170,8 +170,8 @@ class McpServer {
                          const std::string& tenant);
   // A tools/call answered as an SSE stream.
   McpHttpResponse Streamed(const nlohmann::json& msg, Dispatch d,
-                           std::shared_ptr<std::atomic<bool>> flag,
-                           std::function<void()> on_done, std::string sid);
+                           std::shared_ptr<std::atomic<bool>> flag, std::function<void()> on_done,
+                           std::string sid);
   bool HostAllowed(const std::string* host) const;
   bool OriginAllowed(const std::string* origin) const;
   nlohmann::json ToolsList(const Dispatch& d, const nlohmann::json& id);
@@ -217,7 +217,8 @@ class McpStdio {
  public:
   // `write_line` gets each outgoing message (without the newline); calls
   // to it are serialized.
-  McpStdio(McpServer* server, std::string tenant, std::function<void(const std::string&)> write_line);
+  McpStdio(McpServer* server, std::string tenant,
+           std::function<void(const std::string&)> write_line);
   ~McpStdio();
   void HandleLine(const std::string& line);
   // Waits for running requests; closes the legacy session's broker session.

@@ -29,8 +29,9 @@ class McpHttpTest : public BrokerFixture {
             {"Mcp-Name", "sandbox_local_run"}};
   }
   static std::string RunBody(const std::string& code) {
-    nlohmann::json meta = {{"io.modelcontextprotocol/protocolVersion", "2026-07-28"},
-                           {"io.modelcontextprotocol/clientCapabilities", nlohmann::json::object()}};
+    nlohmann::json meta = {
+        {"io.modelcontextprotocol/protocolVersion", "2026-07-28"},
+        {"io.modelcontextprotocol/clientCapabilities", nlohmann::json::object()}};
     return nlohmann::json({{"jsonrpc", "2.0"},
                            {"id", 1},
                            {"method", "tools/call"},
@@ -152,12 +153,14 @@ TEST_F(McpHttpTest, DrainEndsARunningCall) {
   http.set_read_timeout(30, 0);
   std::string body;
   std::thread call([&] {
-    auto r = http.Post("/mcp", Headers(), RunBody("import time\nprint('started', flush=True)\ntime.sleep(20)"),
+    auto r = http.Post("/mcp", Headers(),
+                       RunBody("import time\nprint('started', flush=True)\ntime.sleep(20)"),
                        "application/json");
     if (r) body = r->body;
   });
   // Wait until the run is in flight.
-  for (int i = 0; i < 200 && server_->sessions()->size() == 0; ++i) absl::SleepFor(absl::Milliseconds(20));
+  for (int i = 0; i < 200 && server_->sessions()->size() == 0; ++i)
+    absl::SleepFor(absl::Milliseconds(20));
   absl::SleepFor(absl::Milliseconds(300));
   const absl::Time start = absl::Now();
   server_->Drain();
