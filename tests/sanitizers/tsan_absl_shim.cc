@@ -49,13 +49,13 @@ namespace {
 // __tsan::MetaMap::GetBlock, freeing a later allocation at such an
 // address). Notify's own release, made
 // before the real Notify, is the edge the waiter acquires; the inner
-// lock and unlock need none.
+// unlock needs none.
 thread_local int in_notify = 0;
 
-// A mutex's acquire and release, unless this thread is inside Notify.
-void Acquired(void* mu) {
-  if (in_notify == 0) __tsan_acquire(mu);
-}
+// A mutex's release, unless this thread is inside Notify. (Acquires are
+// always reported: Notify locks before it stores "notified", while no
+// waiter can have returned, and a waiter's Condition that Notify's unlock
+// evaluates belongs to a waiter still blocked in the slow path.)
 void Releasing(void* mu) {
   if (in_notify == 0) __tsan_release(mu);
 }
@@ -92,23 +92,23 @@ ABSL_NAMESPACE_BEGIN
 void Mutex::Lock() {
   SB_REAL(void (*)(Mutex*), "_ZN4absl7debian35Mutex4LockEv");
   real(this);
-  Acquired(this);
+  __tsan_acquire(this);
 }
 void Mutex::ReaderLock() {
   SB_REAL(void (*)(Mutex*), "_ZN4absl7debian35Mutex10ReaderLockEv");
   real(this);
-  Acquired(this);
+  __tsan_acquire(this);
 }
 bool Mutex::TryLock() {
   SB_REAL(bool (*)(Mutex*), "_ZN4absl7debian35Mutex7TryLockEv");
   const bool got = real(this);
-  if (got) Acquired(this);
+  if (got) __tsan_acquire(this);
   return got;
 }
 bool Mutex::ReaderTryLock() {
   SB_REAL(bool (*)(Mutex*), "_ZN4absl7debian35Mutex13ReaderTryLockEv");
   const bool got = real(this);
-  if (got) Acquired(this);
+  if (got) __tsan_acquire(this);
   return got;
 }
 void Mutex::Unlock() {
@@ -125,21 +125,21 @@ void Mutex::LockWhen(const Condition& c) {
   SB_REAL(void (*)(Mutex*, const Condition&), "_ZN4absl7debian35Mutex8LockWhenERKNS0_9ConditionE");
   AnnotatedCondition SB_COND(c, storage);
   real(this, annotated);
-  Acquired(this);
+  __tsan_acquire(this);
 }
 void Mutex::ReaderLockWhen(const Condition& c) {
   SB_REAL(void (*)(Mutex*, const Condition&),
           "_ZN4absl7debian35Mutex14ReaderLockWhenERKNS0_9ConditionE");
   AnnotatedCondition SB_COND(c, storage);
   real(this, annotated);
-  Acquired(this);
+  __tsan_acquire(this);
 }
 bool Mutex::LockWhenWithTimeout(const Condition& c, absl::Duration d) {
   SB_REAL(bool (*)(Mutex*, const Condition&, absl::Duration),
           "_ZN4absl7debian35Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
   AnnotatedCondition SB_COND(c, storage);
   const bool r = real(this, annotated, d);
-  Acquired(this);
+  __tsan_acquire(this);
   return r;
 }
 bool Mutex::LockWhenWithDeadline(const Condition& c, absl::Time t) {
@@ -147,7 +147,7 @@ bool Mutex::LockWhenWithDeadline(const Condition& c, absl::Time t) {
           "_ZN4absl7debian35Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
   AnnotatedCondition SB_COND(c, storage);
   const bool r = real(this, annotated, t);
-  Acquired(this);
+  __tsan_acquire(this);
   return r;
 }
 bool Mutex::ReaderLockWhenWithTimeout(const Condition& c, absl::Duration d) {
@@ -155,7 +155,7 @@ bool Mutex::ReaderLockWhenWithTimeout(const Condition& c, absl::Duration d) {
           "_ZN4absl7debian35Mutex25ReaderLockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
   AnnotatedCondition SB_COND(c, storage);
   const bool r = real(this, annotated, d);
-  Acquired(this);
+  __tsan_acquire(this);
   return r;
 }
 bool Mutex::ReaderLockWhenWithDeadline(const Condition& c, absl::Time t) {
@@ -163,7 +163,7 @@ bool Mutex::ReaderLockWhenWithDeadline(const Condition& c, absl::Time t) {
           "_ZN4absl7debian35Mutex26ReaderLockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
   AnnotatedCondition SB_COND(c, storage);
   const bool r = real(this, annotated, t);
-  Acquired(this);
+  __tsan_acquire(this);
   return r;
 }
 void Mutex::Await(const Condition& c) {
@@ -171,7 +171,7 @@ void Mutex::Await(const Condition& c) {
   AnnotatedCondition SB_COND(c, storage);
   Releasing(this);
   real(this, annotated);
-  Acquired(this);
+  __tsan_acquire(this);
 }
 bool Mutex::AwaitWithTimeout(const Condition& c, absl::Duration d) {
   SB_REAL(bool (*)(Mutex*, const Condition&, absl::Duration),
@@ -179,7 +179,7 @@ bool Mutex::AwaitWithTimeout(const Condition& c, absl::Duration d) {
   AnnotatedCondition SB_COND(c, storage);
   Releasing(this);
   const bool r = real(this, annotated, d);
-  Acquired(this);
+  __tsan_acquire(this);
   return r;
 }
 bool Mutex::AwaitWithDeadline(const Condition& c, absl::Time t) {
@@ -188,7 +188,7 @@ bool Mutex::AwaitWithDeadline(const Condition& c, absl::Time t) {
   AnnotatedCondition SB_COND(c, storage);
   Releasing(this);
   const bool r = real(this, annotated, t);
-  Acquired(this);
+  __tsan_acquire(this);
   return r;
 }
 
@@ -196,14 +196,14 @@ void CondVar::Wait(Mutex* mu) {
   SB_REAL(void (*)(CondVar*, Mutex*), "_ZN4absl7debian37CondVar4WaitEPNS0_5MutexE");
   Releasing(mu);
   real(this, mu);
-  Acquired(mu);
+  __tsan_acquire(mu);
 }
 bool CondVar::WaitWithTimeout(Mutex* mu, absl::Duration d) {
   SB_REAL(bool (*)(CondVar*, Mutex*, absl::Duration),
           "_ZN4absl7debian37CondVar15WaitWithTimeoutEPNS0_5MutexENS0_8DurationE");
   Releasing(mu);
   const bool r = real(this, mu, d);
-  Acquired(mu);
+  __tsan_acquire(mu);
   return r;
 }
 bool CondVar::WaitWithDeadline(Mutex* mu, absl::Time t) {
@@ -211,7 +211,7 @@ bool CondVar::WaitWithDeadline(Mutex* mu, absl::Time t) {
           "_ZN4absl7debian37CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
   Releasing(mu);
   const bool r = real(this, mu, t);
-  Acquired(mu);
+  __tsan_acquire(mu);
   return r;
 }
 
