@@ -1,6 +1,7 @@
 #include "common/process_defaults.h"
 
 #include <malloc.h>
+#include <sys/resource.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -17,8 +18,22 @@ int ServingArenaMax(const char* malloc_arena_max, const char* glibc_tunables) {
   return kServingArenaMax;
 }
 
+uint64_t OpenFilesTarget(uint64_t soft, uint64_t hard) {
+  const uint64_t target = hard < kMaxOpenFiles ? hard : kMaxOpenFiles;
+  return target > soft ? target : soft;
+}
+
 ServingDefaults ApplyServingDefaults() {
   ServingDefaults d;
+  struct rlimit rl {};
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+    d.open_files_before = d.open_files = rl.rlim_cur;
+    const uint64_t target = OpenFilesTarget(rl.rlim_cur, rl.rlim_max);
+    if (target != rl.rlim_cur) {
+      rl.rlim_cur = target;
+      if (setrlimit(RLIMIT_NOFILE, &rl) == 0) d.open_files = target;
+    }
+  }
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   d.deadlock_detection_off = true;
   const int arena_max = ServingArenaMax(getenv("MALLOC_ARENA_MAX"), getenv("GLIBC_TUNABLES"));

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <cstdint>
+
 namespace sandbox {
 
 // Process-wide settings for a long-running daemon, applied first thing in
@@ -7,7 +9,21 @@ namespace sandbox {
 struct ServingDefaults {
   bool deadlock_detection_off = false;
   int arena_max = 0;  // the malloc arena bound set here; 0 = left to the environment
+  // The soft RLIMIT_NOFILE before and after (equal when it was not raised).
+  uint64_t open_files_before = 0;
+  uint64_t open_files = 0;
 };
+
+// The soft open-files limit the daemon gives itself: its hard limit (at
+// most kMaxOpenFiles, the kernel's default fs.nr_open), never lower than the
+// soft limit it started with. Every gRPC connection, MCP connection, provider
+// HTTP transfer and sandbox pipe holds a descriptor; the soft limit most
+// hosts start a process with (1024) would refuse the broker's connections
+// well before a thousand calls in flight. The daemon uses epoll and
+// close_range only (nothing scales with the limit itself), and each sandbox
+// sets its own limit (limits.open_files).
+inline constexpr uint64_t kMaxOpenFiles = uint64_t{1} << 20;
+uint64_t OpenFilesTarget(uint64_t soft, uint64_t hard);
 
 // glibc malloc arenas the daemon allows itself (glibc's default is up to 8
 // per core). gRPC's threads each settle on an arena; memory freed into one
@@ -16,7 +32,8 @@ struct ServingDefaults {
 // broker served. Two arenas keep that free memory shared.
 inline constexpr int kServingArenaMax = 2;
 
-// Turns off absl::Mutex deadlock detection and bounds malloc arenas to
+// Raises the soft open-files limit (OpenFilesTarget), turns off absl::Mutex
+// deadlock detection and bounds malloc arenas to
 // kServingArenaMax unless the environment chose a bound (MALLOC_ARENA_MAX,
 // or glibc.malloc.arena_max in GLIBC_TUNABLES). The deadlock detector is a
 // debugging aid, and it is on in an absl built without NDEBUG (Debian's

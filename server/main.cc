@@ -39,7 +39,7 @@ int Fail(const std::string& msg) {
 int main(int argc, char** argv) {
   using namespace sandbox;
   // Before any thread: the soak's RSS slope (README "Hardening").
-  ApplyServingDefaults();
+  const ServingDefaults defaults = ApplyServingDefaults();
   std::string config_path, listen;
   bool check_only = false;
   for (int i = 1; i < argc; ++i) {
@@ -80,6 +80,15 @@ int main(int argc, char** argv) {
               : config->log_level == "warning" ? LogLevel::kWarning
               : config->log_level == "error"   ? LogLevel::kError
                                                : LogLevel::kInfo);
+  // Each connection, transfer and sandbox pipe holds a descriptor
+  // (process_defaults.h): a low hard limit caps the calls in flight.
+  const bool few_files = defaults.open_files < 16384;
+  Log(few_files ? LogLevel::kWarning : LogLevel::kInfo, "broker.open_files",
+      {{"limit", static_cast<int64_t>(defaults.open_files)},
+       {"was", static_cast<int64_t>(defaults.open_files_before)},
+       {"note", few_files ? "the hard RLIMIT_NOFILE caps connections and calls in flight; raise "
+                            "it (systemd LimitNOFILE=, podman --ulimit nofile=)"
+                          : "the soft RLIMIT_NOFILE raised to the hard one"}});
   // Crash tests' failpoints (common/failpoint.h): never armed in production
   // unless the variable is set, and then said loudly.
   absl::StatusOr<std::string> failpoints = FailpointsFromEnvironment();

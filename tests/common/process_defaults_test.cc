@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <malloc.h>
+#include <sys/resource.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -21,11 +22,34 @@ TEST(ServingArenaMax, BoundsArenasUnlessTheEnvironmentChose) {
   EXPECT_EQ(ServingArenaMax(nullptr, "glibc.malloc.tcache_count=0:glibc.malloc.arena_max=1"), 0);
 }
 
+TEST(OpenFilesTarget, TheHardLimitUpToTheKernelDefaultNeverLower) {
+  EXPECT_EQ(OpenFilesTarget(1024, 524288), 524288u);
+  EXPECT_EQ(OpenFilesTarget(1024, 1024), 1024u);
+  EXPECT_EQ(OpenFilesTarget(1024, RLIM_INFINITY), kMaxOpenFiles);
+  EXPECT_EQ(OpenFilesTarget(1024, kMaxOpenFiles * 4), kMaxOpenFiles);
+  EXPECT_EQ(OpenFilesTarget(kMaxOpenFiles * 2, kMaxOpenFiles * 4), kMaxOpenFiles * 2);
+}
+
 // Runs in a child process (the defaults are process-wide; the rest of this
 // binary keeps absl's deadlock detection).
 [[noreturn]] void ApplyThenLockBothOrders() {
+  // Started as most hosts start a process: a soft limit of 1024 under a
+  // higher hard one (where this machine's hard limit allows).
+  struct rlimit before {};
+  if (getrlimit(RLIMIT_NOFILE, &before) != 0) std::_Exit(3);
+  const bool raisable = before.rlim_max > 1024;
+  if (raisable) {
+    before.rlim_cur = 1024;
+    if (setrlimit(RLIMIT_NOFILE, &before) != 0) std::_Exit(3);
+  }
   const ServingDefaults d = ApplyServingDefaults();
   if (!d.deadlock_detection_off) std::_Exit(1);
+  struct rlimit after {};
+  if (getrlimit(RLIMIT_NOFILE, &after) != 0 || d.open_files != after.rlim_cur ||
+      (raisable && (d.open_files_before != 1024 ||
+                    after.rlim_cur != OpenFilesTarget(1024, before.rlim_max)))) {
+    std::_Exit(4);
+  }
 #if !defined(SANDBOX_BROKER_ASAN) && !defined(SANDBOX_BROKER_TSAN)
   // (Under a sanitizer its own allocator replaces glibc's malloc: mallopt
   // does nothing there and arena_max stays 0.)
@@ -49,7 +73,7 @@ TEST(ServingArenaMax, BoundsArenasUnlessTheEnvironmentChose) {
   std::_Exit(0);
 }
 
-TEST(ApplyServingDefaults, KeepsNoLockGraphAndBoundsArenas) {
+TEST(ApplyServingDefaults, RaisesOpenFilesKeepsNoLockGraphAndBoundsArenas) {
 #if defined(SANDBOX_BROKER_TSAN)
   // TSan's own deadlock detector (it sees absl::Mutex through
   // tests/sanitizers/tsan_absl_shim.cc) would report the deliberate
