@@ -46,8 +46,8 @@ TEST(OpenFilesTarget, TheHardLimitUpToTheKernelDefaultNeverLower) {
   if (!d.deadlock_detection_off) std::_Exit(1);
   struct rlimit after {};
   if (getrlimit(RLIMIT_NOFILE, &after) != 0 || d.open_files != after.rlim_cur ||
-      (raisable && (d.open_files_before != 1024 ||
-                    after.rlim_cur != OpenFilesTarget(1024, before.rlim_max)))) {
+      (raisable &&
+       (d.open_files_before != 1024 || after.rlim_cur != OpenFilesTarget(1024, before.rlim_max)))) {
     std::_Exit(4);
   }
 #if !defined(SANDBOX_BROKER_ASAN) && !defined(SANDBOX_BROKER_TSAN)
