@@ -77,6 +77,8 @@ class BrokerServer {
   int mcp_port() const { return mcp_http_ ? mcp_http_->port() : 0; }
   // The MCP protocol layer, or null without mcp.listen.
   McpServer* mcp() const { return mcp_.get(); }
+  // Its HTTP listener, or null without mcp.listen.
+  McpHttpListener* mcp_http() const { return mcp_http_.get(); }
   Metrics* metrics() { return metrics_.get(); }
 
   // Graceful drain (SIGTERM): health goes NOT_SERVING and new calls get

@@ -17,9 +17,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -69,8 +71,13 @@ struct McpHttpListener::Impl : std::enable_shared_from_this<McpHttpListener::Imp
   bool running ABSL_GUARDED_BY(mu) = false;
   std::vector<std::function<void()>> tasks ABSL_GUARDED_BY(mu);
 
-  // Loop thread only: the requests of open connections awaiting answers.
+  // Loop thread only: the requests of open connections awaiting answers,
+  // and those whose connection closed first (evhttp keeps such a request,
+  // detached, until it is answered; Stop frees the ones still waiting).
   std::map<evhttp_connection*, std::shared_ptr<McpExchange>> open;
+  std::set<std::shared_ptr<McpExchange>> detached;
+  // Requests accepted and not yet answered (or freed), any thread may read.
+  std::atomic<int64_t> waiting{0};
 
   ~Impl() { Free(); }
 
@@ -99,6 +106,8 @@ struct McpHttpListener::Impl : std::enable_shared_from_this<McpHttpListener::Imp
   void Forget(const std::shared_ptr<McpExchange>& x) {
     auto it = x->conn != nullptr ? open.find(x->conn) : open.end();
     if (it != open.end() && it->second == x) open.erase(it);
+    detached.erase(x);
+    if (x->req != nullptr) --waiting;
     x->req = nullptr;
   }
   void OnClose(evhttp_connection* conn) {
@@ -120,12 +129,19 @@ struct McpHttpListener::Impl : std::enable_shared_from_this<McpHttpListener::Imp
     }
     auto it = open.find(conn);
     if (it == open.end()) return;
-    McpExchange& x = *it->second;
-    x.gone = true;
-    x.conn = nullptr;
-    x.fd = -1;
-    x.writing = false;  // its done-callback will not come
+    std::shared_ptr<McpExchange> x = it->second;
     open.erase(it);
+    x->gone = true;
+    x->conn = nullptr;
+    x->fd = -1;
+    x->writing = false;  // its done-callback will not come
+    if (x->req == nullptr) return;
+    detached.insert(x);
+    // A stream whose chunk was in flight: no done-callback will flush it
+    // again, so flush here (it drops what is pending and, once the
+    // producer has closed, ends and frees the request; until then the
+    // producer's Close posts the flush that does).
+    if (x->streaming) Flush(x);
   }
   // A client that closed its end while waiting (evhttp reads nothing
   // while a request is answered, so it would not notice).
@@ -299,6 +315,7 @@ void McpHttpListener::Impl::OnRequest(evhttp_request* req) {
 
   auto x = std::make_shared<McpExchange>();
   x->req = req;
+  ++waiting;
   x->conn = evhttp_request_get_connection(req);
   if (bufferevent* bev = evhttp_connection_get_bufferevent(x->conn)) x->fd = bufferevent_getfd(bev);
   open[x->conn] = x;
@@ -333,12 +350,15 @@ void McpHttpListener::Impl::OnRequest(evhttp_request* req) {
 void McpHttpListener::Impl::Answer(const std::shared_ptr<McpExchange>& x,
                                    const McpHttpResponse& r) {
   if (x->req == nullptr) return;
-  SetHeaders(x->req, r);
+  // Forgotten first: sending may close the connection at once (HTTP/1.0,
+  // Connection: close), and its close callback runs inside the send.
+  evhttp_request* req = x->req;
+  Forget(x);
+  SetHeaders(req, r);
   evbuffer* buf = evbuffer_new();
   if (buf != nullptr) evbuffer_add(buf, r.body.data(), r.body.size());
-  evhttp_send_reply(x->req, r.status, nullptr, buf);
+  evhttp_send_reply(req, r.status, nullptr, buf);  // also frees a detached request
   if (buf != nullptr) evbuffer_free(buf);
-  Forget(x);
 }
 
 void McpHttpListener::Impl::StartStream(const std::shared_ptr<McpExchange>& x,
@@ -352,6 +372,9 @@ void McpHttpListener::Impl::StartStream(const std::shared_ptr<McpExchange>& x,
 }
 
 void McpHttpListener::Impl::SendChunk(McpExchange* x, absl::string_view bytes) {
+  // A closed connection (the request detached): evhttp would drop the
+  // chunk and never report it written.
+  if (x->conn == nullptr) return;
   evbuffer* buf = evbuffer_new();
   if (buf == nullptr) return;
   evbuffer_add(buf, bytes.data(), bytes.size());
@@ -371,7 +394,8 @@ void McpHttpListener::Impl::SendChunk(McpExchange* x, absl::string_view bytes) {
 }
 
 void McpHttpListener::Impl::Flush(const std::shared_ptr<McpExchange>& x) {
-  // StartStream, or the write in progress, flushes again.
+  // StartStream, or the write in progress (or the connection's close),
+  // flushes again.
   if (x->req == nullptr || !x->streaming || x->writing) return;
   std::string out;
   bool closed = false;
@@ -386,8 +410,11 @@ void McpHttpListener::Impl::Flush(const std::shared_ptr<McpExchange>& x) {
     return;
   }
   if (closed) {
-    evhttp_send_reply_end(x->req);  // also frees a detached request
+    // Forgotten first, as in Answer: the close callback (which flushes a
+    // stream it finds open) may run inside the end.
+    evhttp_request* req = x->req;
     Forget(x);
+    evhttp_send_reply_end(req);  // also frees a detached request
   }
 }
 
@@ -455,7 +482,12 @@ absl::StatusOr<std::unique_ptr<McpHttpListener>> McpHttpListener::Start(McpServe
   // evhttp stops reading well past it.
   evhttp_set_max_body_size(impl->http, static_cast<ev_ssize_t>(mc.max_body_bytes) * 2 + 65536);
   evhttp_set_max_headers_size(impl->http, 64 << 10);
-  const timeval idle = absl::ToTimeval(options.idle_timeout);
+  // evhttp keeps reading while it streams an answer (to see the client
+  // leave), so the idle timeout also applies to a quiet SSE stream: it must
+  // outlast the keep-alive comments that the stream carries.
+  const absl::Duration idle_timeout =
+      std::max(options.idle_timeout, 2 * server->options().keepalive_interval + absl::Seconds(1));
+  const timeval idle = absl::ToTimeval(idle_timeout);
   evhttp_set_timeout_tv(impl->http, &idle);
   evhttp_set_default_content_type(impl->http, nullptr);
   evhttp_set_gencb(
@@ -464,8 +496,9 @@ absl::StatusOr<std::unique_ptr<McpHttpListener>> McpHttpListener::Start(McpServe
   absl::StatusOr<evutil_socket_t> fd = Listen(host, port);
   if (!fd.ok())
     return absl::UnavailableError(absl::StrCat("mcp.listen: cannot listen on ", mc.listen));
+  // Checked before evhttp owns the socket (it closes it when freed).
   const int bound = BoundPort(*fd);
-  if (evhttp_accept_socket(impl->http, *fd) != 0 || bound <= 0) {
+  if (bound <= 0 || evhttp_accept_socket(impl->http, *fd) != 0) {
     close(*fd);
     return absl::UnavailableError(absl::StrCat("mcp.listen: cannot listen on ", mc.listen));
   }
@@ -496,19 +529,41 @@ void McpHttpListener::Stop() {
     if (!impl_->running) return;
     impl_->running = false;
   }
-  event_base_loopbreak(impl_->base);
+  // loopexit, not loopbreak: a break asked for before the loop thread has
+  // entered the loop would be reset when it does, and the loop would run on.
+  event_base_loopexit(impl_->base, nullptr);
   if (impl_->loop.joinable()) impl_->loop.join();
   // Requests being parsed finish; what they post is dropped.
   impl_->workers.reset();
+  // Tasks posted but never run hold the Impl (and their exchanges): a cycle.
+  std::vector<std::function<void()>> unrun;
+  {
+    absl::MutexLock l(&impl_->mu);
+    unrun.swap(impl_->tasks);
+  }
+  unrun.clear();
   for (auto& [conn, x] : impl_->open) {
     x->gone = true;
+    if (x->req != nullptr) --impl_->waiting;
     x->req = nullptr;
   }
   impl_->open.clear();
+  // Requests whose client left before their answer: no answer will free them.
+  for (const std::shared_ptr<McpExchange>& x : impl_->detached) {
+    x->gone = true;
+    if (x->req != nullptr) {
+      evhttp_request_free(x->req);
+      --impl_->waiting;
+    }
+    x->req = nullptr;
+  }
+  impl_->detached.clear();
   // Frees every connection; producers still holding a sink see it gone.
   impl_->Free();
 }
 
 McpHttpListener::~McpHttpListener() { Stop(); }
+
+int64_t McpHttpListener::requests_waiting() const { return impl_ ? impl_->waiting.load() : 0; }
 
 }  // namespace sandbox

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -33,6 +34,9 @@ class McpHttpListener {
                                                                 const Options& options);
   ~McpHttpListener();
   int port() const { return port_; }
+  // Requests accepted whose answer is not yet written and ended (or that
+  // were freed unanswered at Stop), including those whose client left.
+  int64_t requests_waiting() const;
   // Stops accepting, ends every open connection and joins the threads.
   // Idempotent. Answers that arrive later are dropped.
   void Stop();

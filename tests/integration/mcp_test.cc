@@ -210,5 +210,27 @@ TEST_F(McpHttpTest, AClientThatHangsUpCancelsItsRun) {
   EXPECT_TRUE(Until([&] { return server_->mcp()->calls_running() == 0; }));
 }
 
+// A client that stops reading an SSE answer and then leaves while the
+// answer's last bytes are still unsent (its end waits for them): the
+// listener ends and frees the request. It used to wait for a write report
+// that a closed connection never gives, keeping the request for ever.
+TEST_F(McpHttpTest, AnSseAnswerLeftUnreadIsFreedWhenItsClientLeaves) {
+  StartBroker(R"({"mcp": {"listen": "127.0.0.1:0"}, "max_output_bytes": 33554432})");
+  ASSERT_NE(server_->mcp_http(), nullptr);
+  // 32 MiB in the answer: more than the client's and the server's socket
+  // buffers hold, so its write stays in flight while the client reads
+  // nothing.
+  const int fd =
+      SendRaw(CallBody("sandbox_local_run", "import sys\nsys.stdout.write('x' * (32 << 20))", 1),
+              "sandbox_local_run", true);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(Until([&] { return server_->mcp()->calls_running() == 1; }));
+  ASSERT_TRUE(Until([&] { return server_->mcp()->calls_running() == 0; }));
+  EXPECT_EQ(server_->mcp_http()->requests_waiting(), 1);
+  close(fd);
+  EXPECT_TRUE(Until([&] { return server_->mcp_http()->requests_waiting() == 0; }))
+      << server_->mcp_http()->requests_waiting();
+}
+
 }  // namespace
 }  // namespace sandbox

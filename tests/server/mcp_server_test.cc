@@ -15,6 +15,7 @@
 #include "server/auth.h"
 #include "server/broker_core.h"
 #include "server/mcp_core_backend.h"
+#include "server/mcp_http.h"
 #include "server/tools.h"
 #include "tests/testing/fake_provider.h"
 #include "tests/testing/threads.h"
@@ -665,18 +666,39 @@ namespace {
 // answers each run after hold_ms on a timer, and 300 calls (JSON answers
 // and SSE streams, both eras' shapes) wait together on the core's fixed
 // threads.
-TEST(McpAsyncTest, ToolCallsInFlightHoldNoThread) {
+// A broker core on the echo provider (answers after hold_ms) behind an MCP
+// server, with no transport.
+struct EchoMcpStack {
+  static BrokerConfig Config(const std::string& mcp_listen) {
+    BrokerConfig c;
+    c.default_provider = "echo";
+    c.mcp.listen = mcp_listen;
+    return c;
+  }
+  static ProviderRegistry* Echo(ProviderRegistry* r, int hold_ms) {
+    r->Add(std::make_unique<EchoProvider>(hold_ms));
+    return r;
+  }
+  explicit EchoMcpStack(int hold_ms, const std::string& mcp_listen = "")
+      : config(Config(mcp_listen)),
+        sessions(Echo(&registry, hold_ms), &clock, SessionLimits(), "echo", "test"),
+        core(config, &registry, &sessions, &clock),
+        auth(std::map<std::string, std::string>{{kTokenA, "alpha"}}),
+        backend(&core, &auth),
+        server(&backend, &clock, McpServerOptions()) {}
   FakeClock clock;
   ProviderRegistry registry;
-  registry.Add(std::make_unique<EchoProvider>(/*hold_ms=*/3000));
   BrokerConfig config;
-  config.default_provider = "echo";
-  SessionLimits limits;
-  SessionManager sessions(&registry, &clock, limits, "echo", "test");
-  BrokerCore core(config, &registry, &sessions, &clock);
-  Authenticator auth(std::map<std::string, std::string>{{kTokenA, "alpha"}});
-  McpCoreBackend backend(&core, &auth);
-  McpServer server(&backend, &clock, McpServerOptions());
+  SessionManager sessions;
+  BrokerCore core;
+  Authenticator auth;
+  McpCoreBackend backend;
+  McpServer server;
+};
+
+TEST(McpAsyncTest, ToolCallsInFlightHoldNoThread) {
+  EchoMcpStack stack(/*hold_ms=*/3000);
+  McpServer& server = stack.server;
   constexpr int kSessions = 10;
   auto call = [&](int i, const std::string& code, bool sse) {
     json params = {{"name", "sandbox_echo_run"},
@@ -748,6 +770,19 @@ TEST(McpAsyncTest, ToolCallsInFlightHoldNoThread) {
     }
     EXPECT_EQ(answer["id"], i);
     EXPECT_EQ(answer["result"]["structuredContent"]["output"], absl::StrCat("call ", i)) << answer;
+  }
+}
+
+// Stop right after Start, before the loop thread may have entered its
+// loop, returns: a loopbreak asked for that early was lost (the loop resets
+// it on entry) and Stop waited for the loop thread for ever.
+TEST(McpHttpListenerTest, StopRightAfterStartReturns) {
+  EchoMcpStack stack(/*hold_ms=*/0, "127.0.0.1:0");
+  for (int i = 0; i < 200; ++i) {
+    absl::StatusOr<std::unique_ptr<McpHttpListener>> l =
+        McpHttpListener::Start(&stack.server, stack.config);
+    ASSERT_TRUE(l.ok()) << l.status();
+    (*l)->Stop();
   }
 }
 
