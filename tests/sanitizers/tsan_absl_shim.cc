@@ -82,8 +82,8 @@ struct AnnotatedCondition {
 
 // A Condition that evaluates `c` with the annotations above; `storage` must
 // outlive the call it is passed to.
-#define SB_COND(c, storage)                                        \
-  storage{&(c), this};                                             \
+#define SB_COND(c, storage) \
+  storage{&(c), this};      \
   const absl::Condition annotated(&AnnotatedCondition::Eval, &storage)
 
 namespace absl {
