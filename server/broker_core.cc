@@ -1125,6 +1125,7 @@ void BrokerCore::CallToolAsync(const CallContext& ctx, const pb::CallToolRequest
 
 void BrokerCore::CallToolAsync(const CallContext& ctx, const pb::CallToolRequest& req,
                                std::function<void(OutputStream, absl::string_view)> on_output,
+                               std::function<bool(std::function<void()>)> output_ready,
                                Done<ToolOutcome> done) {
   auto call = std::make_shared<ToolCall>();
   absl::StatusOr<std::optional<pb::CallToolResponse>> early = PrepareTool(ctx, req, call.get());
@@ -1166,6 +1167,7 @@ void BrokerCore::CallToolAsync(const CallContext& ctx, const pb::CallToolRequest
                            run.timeout_seconds(), run.env());
       if (!plan.ok()) return finish(plan.status());
       (*plan)->on_output = std::move(on_output);
+      (*plan)->output_ready = std::move(output_ready);
       return ExecAsync(std::move(*plan), finish);
     }
     case ToolOp::kWriteFile:

@@ -139,8 +139,9 @@ class BrokerCore {
                      Done<pb::CallToolResponse> done);
   // CallToolAsync for transports that show more than the tool's text (MCP):
   // run/shell output as it is produced (`on_output`: on the provider's
-  // thread, must not block; null: not wanted), the run's result and
-  // read_file's found flag beside the answer. `done` as RunAsync.
+  // thread, must not block; null: not wanted) with its flow control
+  // (`output_ready`: ExecRequest::output_ready, may be null), the run's
+  // result and read_file's found flag beside the answer. `done` as RunAsync.
   struct ToolOutcome {
     pb::CallToolResponse response;
     // Set when a run/shell ran to a result.
@@ -150,6 +151,7 @@ class BrokerCore {
   };
   void CallToolAsync(const CallContext& ctx, const pb::CallToolRequest& req,
                      std::function<void(OutputStream, absl::string_view)> on_output,
+                     std::function<bool(std::function<void()>)> output_ready,
                      Done<ToolOutcome> done);
 
   // Operators' control (server/policy.h, usage.h, audit.h). Set before

@@ -22,8 +22,11 @@ struct McpCall {
   std::string tenant;
   // True once the caller has gone away or cancelled; the run is killed.
   std::function<bool()> cancelled;
-  // run/shell: output as it is produced (null: not wanted).
+  // run/shell: output as it is produced (null: not wanted), and its flow
+  // control (ExecRequest::output_ready; null: none): false = the client's
+  // buffer is full, call `resume` (from any thread) once it drains.
   std::function<void(absl::string_view)> on_output;
+  std::function<bool(std::function<void()> resume)> output_ready;
 };
 
 struct McpToolOutcome {

@@ -126,8 +126,10 @@ void McpCoreBackend::CallToolAsync(McpCall call, pb::CallToolRequest req, ToolDo
   if (st->call.on_output) {
     on_output = [st](OutputStream, absl::string_view chunk) { st->call.on_output(chunk); };
   }
+  std::function<bool(std::function<void()>)> output_ready;
+  if (on_output) output_ready = st->call.output_ready;
   core_->CallToolAsync(
-      ctx, st->req, std::move(on_output),
+      ctx, st->req, std::move(on_output), std::move(output_ready),
       [this, st, done = std::move(done)](absl::StatusOr<BrokerCore::ToolOutcome> r) {
         Finished(st->call, st->req, st->provider, st->start, r.status(),
                  r.ok() && r->response.is_error());

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -51,8 +52,28 @@ struct McpExchange {
   std::atomic<bool> gone{false};  // the client went away
   absl::Mutex mu;
   std::string pending ABSL_GUARDED_BY(mu);  // SSE bytes not yet handed to evhttp
+  // Handed to evhttp and not yet reported written (the chunk in flight).
+  size_t handed ABSL_GUARDED_BY(mu) = 0;
+  // A producer paused by Ready (flow control), resumed once pending and
+  // handed have drained to half the bound, or the client is gone.
+  std::function<void()> resume ABSL_GUARDED_BY(mu);
   bool closed ABSL_GUARDED_BY(mu) = false;
   bool flush_posted ABSL_GUARDED_BY(mu) = false;
+
+  // The most an SSE answer buffers (pending + handed) before its producer
+  // is paused: a slow reader costs the broker this much, not the output's
+  // size (RunStream's bound, server/grpc_service.cc).
+  static constexpr size_t kMaxBuffered = 256 * 1024;
+  // Resumes a paused producer when the buffer has drained (or `always`:
+  // the client is gone, so the producer must run on to see it).
+  void MaybeResume(bool always) {
+    std::function<void()> r;
+    {
+      absl::MutexLock l(&mu);
+      if (resume && (always || pending.size() + handed <= kMaxBuffered / 2)) r.swap(resume);
+    }
+    if (r) r();
+  }
 };
 
 struct McpHttpListener::Impl : std::enable_shared_from_this<McpHttpListener::Impl> {
@@ -135,6 +156,7 @@ struct McpHttpListener::Impl : std::enable_shared_from_this<McpHttpListener::Imp
     x->conn = nullptr;
     x->fd = -1;
     x->writing = false;  // its done-callback will not come
+    x->MaybeResume(true);
     if (x->req == nullptr) return;
     detached.insert(x);
     // A stream whose chunk was in flight: no done-callback will flush it
@@ -184,6 +206,15 @@ class LoopSink final : public McpEventSink {
     return true;
   }
   bool Alive() override { return !x_->gone; }
+  bool Ready(std::function<void()> resume) override {
+    if (x_->gone) return true;
+    absl::MutexLock l(&x_->mu);
+    if (x_->pending.size() + x_->handed <= McpExchange::kMaxBuffered) return true;
+    // A flush is posted (pending) or a write is in flight (handed); either
+    // ends in Flush, which resumes. A client that leaves resumes too.
+    x_->resume = std::move(resume);
+    return false;
+  }
   void Close() override {
     absl::MutexLock l(&x_->mu);
     x_->closed = true;
@@ -399,13 +430,16 @@ void McpHttpListener::Impl::Flush(const std::shared_ptr<McpExchange>& x) {
   if (x->req == nullptr || !x->streaming || x->writing) return;
   std::string out;
   bool closed = false;
+  const bool send = !x->gone && x->conn != nullptr;
   {
     absl::MutexLock l(&x->mu);
     x->flush_posted = false;
     out.swap(x->pending);
     closed = x->closed;
+    x->handed = send ? out.size() : 0;
   }
-  if (!out.empty() && !x->gone && x->conn != nullptr) {
+  x->MaybeResume(!send);
+  if (!out.empty() && send) {
     SendChunk(x.get(), out);  // the end, if closed, after it is written
     return;
   }
@@ -544,6 +578,7 @@ void McpHttpListener::Stop() {
   unrun.clear();
   for (auto& [conn, x] : impl_->open) {
     x->gone = true;
+    x->MaybeResume(true);
     if (x->req != nullptr) --impl_->waiting;
     x->req = nullptr;
   }
@@ -551,6 +586,7 @@ void McpHttpListener::Stop() {
   // Requests whose client left before their answer: no answer will free them.
   for (const std::shared_ptr<McpExchange>& x : impl_->detached) {
     x->gone = true;
+    x->MaybeResume(true);
     if (x->req != nullptr) {
       evhttp_request_free(x->req);
       --impl_->waiting;

@@ -728,6 +728,9 @@ McpHttpResponse McpServer::Streamed(const json& msg, Dispatch d,
     Watch(st);
     d.cancelled = [this, flag, st] { return flag->load() || stopping_ || st->Dead(); };
     d.notify = [st](const json& n) { st->Write(SseFrame(n)); };
+    d.output_ready = [st](std::function<void()> resume) {
+      return st->sink->Ready(std::move(resume));
+    };
     CallAsync(msg, d, [this, st, flag, once](json resp, int) {
       // A cancelled request gets no response (the client stopped waiting).
       if (!resp.is_null() && !flag->load()) st->Write(SseFrame(resp));
@@ -947,6 +950,7 @@ json McpServer::PrepareToolsCall(const json& msg, const Dispatch& d, ToolCall* t
                 {"progress", *total},
                 {"message", RepairUtf8(chunk)}}}});
     };
+    call.output_ready = d.output_ready;
   }
   tc->op = tool->op;
   tc->session = session;

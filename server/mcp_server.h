@@ -74,6 +74,14 @@ class McpEventSink {
   virtual bool Alive() = 0;
   // The response is complete.
   virtual void Close() = 0;
+  // Flow control (ExecRequest::output_ready): false once the bytes written
+  // and not yet sent pass the transport's bound; it then calls `resume`
+  // (once, from any thread) when they have drained, or the client is gone.
+  // Must not block. The default never pushes back.
+  virtual bool Ready(std::function<void()> resume) {
+    (void)resume;
+    return true;
+  }
 };
 
 struct McpHttpResponse {
@@ -130,8 +138,10 @@ class McpServer {
     std::string default_session;
     std::function<void()> on_default_used;
     std::function<bool()> cancelled;
-    // Sends a notification for this request (null: no streaming).
+    // Sends a notification for this request (null: no streaming), and
+    // the stream's flow control (McpEventSink::Ready; null: none).
     std::function<void(const nlohmann::json&)> notify;
+    std::function<bool(std::function<void()>)> output_ready;
   };
   // The JSON-RPC response to request `msg` (null for no response: a
   // cancelled call), passed to `done` with the HTTP status the modern era

@@ -325,35 +325,15 @@ TEST_F(ConcurrencyTest, ASlowStreamReaderPausesTheProgramAndLosesNothing) {
   pb::RunRequest req;
   req.set_session_id("slow-reader");
   req.set_timeout_seconds(300);
-  // Each 64 KiB chunk is its index, as text, padded with dots; progress.txt
-  // says how many chunks the program has written (renamed into place).
-  req.set_code(absl::StrCat("import os, sys\n", "for i in range(", kChunks, "):\n",
-                            "    sys.stdout.buffer.write(str(i).encode().ljust(", kChunk,
-                            ", b'.'))\n", "    sys.stdout.flush()\n",
-                            "    open('p.tmp', 'w').write(str(i + 1))\n",
-                            "    os.replace('p.tmp', 'progress.txt')\n"));
+  req.set_code(ChunkWriter(kChunks, kChunk));
   auto reader = stub_->RunStream(&ctx, req);
   std::string got;
   pb::RunEvent ev;
   ASSERT_TRUE(reader->Read(&ev));
   got += ev.output().data();
   // Now read nothing: the program must come to a stop, well short of the end.
-  auto progress = [&]() -> int {
-    auto f = sb->ReadFile("progress.txt");
-    int n = -1;
-    return f.ok() && f->has_value() && absl::SimpleAtoi(**f, &n) ? n : -1;
-  };
-  int last = -2;
-  absl::Time since = absl::Now();
-  ASSERT_TRUE(WaitFor([&] {
-    const int p = progress();
-    if (p != last || p < 0) {
-      last = p;
-      since = absl::Now();
-    }
-    return absl::Now() - since > absl::Milliseconds(500);  // unchanged for 0.5 s
-  })) << "the program never paused; "
-      << last << " chunks written";
+  const int last = ChunksWhenPaused(sb.get(), absl::Seconds(120));
+  ASSERT_GE(last, 0) << "the program never paused";
   // What is in flight: the broker's 256 KiB buffer, the pipe, and gRPC's and
   // the kernel's socket windows (HTTP/2 flow control) on both sides.
   printf("slow reader: the program paused after %d of %d chunks of 64 KiB\n", last, kChunks);
@@ -376,7 +356,7 @@ TEST_F(ConcurrencyTest, ASlowStreamReaderPausesTheProgramAndLosesNothing) {
     const std::string head = std::to_string(i);
     ASSERT_EQ(got.compare(static_cast<size_t>(i) * kChunk, head.size(), head), 0) << "chunk " << i;
   }
-  EXPECT_EQ(progress(), kChunks);
+  EXPECT_EQ(ChunksWhenPaused(sb.get(), absl::Seconds(60)), kChunks);  // it ran to the end
 }
 
 TEST_F(ConcurrencyTest, LocalRunsWaitOnTheEventLoop) {

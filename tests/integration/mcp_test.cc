@@ -12,6 +12,9 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "tests/testing/broker_fixture.h"
 #include "tests/testing/test_cert.h"
 #include "tests/testing/threads.h"
@@ -42,9 +45,11 @@ class McpHttpTest : public BrokerFixture {
         .dump();
   }
   // A raw HTTP/1.1 connection to the MCP port with one request written
-  // (no client thread waits on it); -1 on failure.
-  int SendRaw(const std::string& body, const std::string& tool, bool sse) {
+  // (no client thread waits on it); -1 on failure. `rcvbuf` > 0 sets the
+  // socket's receive buffer (a small window: little in flight).
+  int SendRaw(const std::string& body, const std::string& tool, bool sse, int rcvbuf = 0) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd >= 0 && rcvbuf > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_port = htons(static_cast<uint16_t>(server_->mcp_port()));
@@ -87,6 +92,24 @@ class McpHttpTest : public BrokerFixture {
     body["id"] = id;
     body["params"]["name"] = tool;
     return body.dump();
+  }
+  // The body of a chunked HTTP/1.1 response (headers and all); "" if it is
+  // cut short.
+  static std::string Dechunk(const std::string& http) {
+    size_t at = http.find("\r\n\r\n");
+    if (at == std::string::npos) return "";
+    at += 4;
+    std::string body;
+    while (at < http.size()) {
+      const size_t eol = http.find("\r\n", at);
+      if (eol == std::string::npos) return "";
+      const size_t n = std::stoul(http.substr(at, eol - at), nullptr, 16);
+      if (n == 0) return body;
+      if (eol + 2 + n > http.size()) return "";
+      body.append(http, eol + 2, n);
+      at = eol + 2 + n + 2;
+    }
+    return "";
   }
   static std::string OutputOf(const std::string& sse) {
     size_t at = sse.rfind("data: ");
@@ -230,6 +253,60 @@ TEST_F(McpHttpTest, AnSseAnswerLeftUnreadIsFreedWhenItsClientLeaves) {
   close(fd);
   EXPECT_TRUE(Until([&] { return server_->mcp_http()->requests_waiting() == 0; }))
       << server_->mcp_http()->requests_waiting();
+}
+
+// SSE flow control (README, "MCP"): a client that stops reading a run's
+// progress stream makes the broker stop reading the program's output once
+// the answer's bounded buffer is full, so the program blocks on its pipe
+// instead of the broker's memory growing by the output's size; when the
+// client reads again, every byte arrives in order.
+TEST_F(McpHttpTest, ASlowSseReaderPausesTheProgramAndLosesNothing) {
+  constexpr int kChunk = 64 * 1024, kChunks = 256;  // 16 MiB in all
+  StartBroker(
+      R"({"mcp": {"listen": "127.0.0.1:0"}, "max_output_bytes": 67108864,
+          "max_timeout_seconds": 300})");
+  auto sb = Client("slow-sse");
+  ASSERT_TRUE(sb->Start().ok());
+  const std::string code = ChunkWriter(kChunks, kChunk);
+  nlohmann::json body = nlohmann::json::parse(CallBody("sandbox_local_run", code, 7));
+  body["params"]["arguments"]["session"] = "slow-sse";
+  body["params"]["arguments"]["timeoutSeconds"] = 300;
+  body["params"]["_meta"]["progressToken"] = "p";
+  const int fd = SendRaw(body.dump(), "sandbox_local_run", true, 64 << 10);
+  ASSERT_GE(fd, 0);
+  // Read nothing: the program must come to a stop, well short of the end.
+  const int last = ChunksWhenPaused(sb.get(), absl::Seconds(120));
+  ASSERT_GE(last, 0) << "the program never paused";
+  // In flight: the answer's 256 KiB, the pipe, both sockets' buffers.
+  printf("slow SSE reader: the program paused after %d of %d chunks of 64 KiB\n", last, kChunks);
+  EXPECT_LT(last, kChunks / 2) << last << " of " << kChunks << " chunks written with no reader";
+  EXPECT_EQ(server_->mcp()->calls_running(), 1);
+  // Read again: every chunk, in order, in the progress notifications, then
+  // the result.
+  const std::string sse = Dechunk(ReadAll(fd));
+  ASSERT_FALSE(sse.empty());
+  std::string streamed;
+  nlohmann::json result;
+  for (absl::string_view ev : absl::StrSplit(sse, "\n\n", absl::SkipEmpty())) {
+    absl::ConsumePrefix(&ev, "event: message\n");
+    if (!absl::ConsumePrefix(&ev, "data: ")) continue;  // a keep-alive comment
+    nlohmann::json j = nlohmann::json::parse(ev, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << ev.substr(0, 200);
+    if (j.value("method", "") == "notifications/progress") {
+      streamed += j["params"]["message"].get<std::string>();
+    } else {
+      result = j;
+    }
+  }
+  ASSERT_EQ(streamed.size(), static_cast<size_t>(kChunk) * kChunks);
+  for (int i = 0; i < kChunks; ++i) {
+    ASSERT_TRUE(absl::StartsWith(absl::string_view(streamed).substr(size_t{1} * i * kChunk),
+                                 absl::StrCat(i, ".")))
+        << "chunk " << i;
+  }
+  ASSERT_TRUE(result.contains("result")) << result.dump().substr(0, 300);
+  EXPECT_EQ(result["result"]["structuredContent"]["output"].get<std::string>(), streamed);
+  EXPECT_EQ(result["result"]["structuredContent"]["exitCode"], 0);
 }
 
 }  // namespace

@@ -5,7 +5,9 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/remote_sandbox.h"
 #include "grpcpp/create_channel.h"
 #include "server/broker_server.h"
@@ -60,6 +62,39 @@ class BrokerFixture : public ::testing::Test {
   }
 
   std::string WorkspaceRoot() const { return dir_.path() + "/ws"; }
+
+  // Flow-control tests: a python program writing `chunks` chunks of `chunk`
+  // bytes, each its index as text padded with dots; its progress.txt says
+  // how many it has written (renamed into place).
+  static std::string ChunkWriter(int chunks, int chunk) {
+    return absl::StrCat("import os, sys\n", "for i in range(", chunks, "):\n",
+                        "    sys.stdout.buffer.write(str(i).encode().ljust(", chunk, ", b'.'))\n",
+                        "    sys.stdout.flush()\n", "    open('p.tmp', 'w').write(str(i + 1))\n",
+                        "    os.replace('p.tmp', 'progress.txt')\n");
+  }
+  // The number of chunks a ChunkWriter in `sb` has written once it has
+  // stopped (its progress.txt unchanged for 0.5 s); -1 if it never did
+  // within `limit`.
+  static int ChunksWhenPaused(RemoteSandbox* sb, absl::Duration limit) {
+    auto progress = [&]() -> int {
+      auto f = sb->ReadFile("progress.txt");
+      int n = -1;
+      return f.ok() && f->has_value() && absl::SimpleAtoi(**f, &n) ? n : -1;
+    };
+    int last = -2;
+    absl::Time since = absl::Now();
+    for (const absl::Time end = absl::Now() + limit; absl::Now() < end;) {
+      const int p = progress();
+      if (p != last || p < 0) {
+        last = p;
+        since = absl::Now();
+      } else if (absl::Now() - since > absl::Milliseconds(500)) {
+        return last;
+      }
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    return -1;
+  }
 
   TempDir dir_;
   FakeClock clock_;
