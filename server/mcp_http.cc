@@ -207,9 +207,10 @@ class LoopSink final : public McpEventSink {
   }
   bool Alive() override { return !x_->gone; }
   bool Ready(std::function<void()> resume) override {
-    if (x_->gone) return true;
+    // `gone` read under the lock: the loop sets it before it takes the lock
+    // to resume, so a resume stored here is never missed.
     absl::MutexLock l(&x_->mu);
-    if (x_->pending.size() + x_->handed <= McpExchange::kMaxBuffered) return true;
+    if (x_->gone || x_->pending.size() + x_->handed <= McpExchange::kMaxBuffered) return true;
     // A flush is posted (pending) or a write is in flight (handed); either
     // ends in Flush, which resumes. A client that leaves resumes too.
     x_->resume = std::move(resume);
