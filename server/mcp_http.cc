@@ -577,22 +577,21 @@ void McpHttpListener::Stop() {
     unrun.swap(impl_->tasks);
   }
   unrun.clear();
-  for (auto& [conn, x] : impl_->open) {
+  // Each exchange still waiting is given up (its producer resumed to see
+  // the client gone); returns its request, if any.
+  auto abandon = [this](const std::shared_ptr<McpExchange>& x) {
+    evhttp_request* req = x->req;
     x->gone = true;
     x->MaybeResume(true);
-    if (x->req != nullptr) --impl_->waiting;
+    if (req != nullptr) --impl_->waiting;
     x->req = nullptr;
-  }
+    return req;
+  };
+  for (auto& [conn, x] : impl_->open) abandon(x);  // freed with its connection
   impl_->open.clear();
   // Requests whose client left before their answer: no answer will free them.
   for (const std::shared_ptr<McpExchange>& x : impl_->detached) {
-    x->gone = true;
-    x->MaybeResume(true);
-    if (x->req != nullptr) {
-      evhttp_request_free(x->req);
-      --impl_->waiting;
-    }
-    x->req = nullptr;
+    if (evhttp_request* req = abandon(x)) evhttp_request_free(req);
   }
   impl_->detached.clear();
   // Frees every connection; producers still holding a sink see it gone.
