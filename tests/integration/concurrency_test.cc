@@ -267,14 +267,19 @@ TEST_F(ConcurrencyTest, OneTenantAtItsRunLimitDoesNotDelayAnother) {
   StartBroker(R"({"default_provider": "echo", "providers": {"echo": {"hold_ms": 1000}},
       "limits": {"max_concurrent_runs_per_tenant": 1, "queue_timeout_ms": 30000}})");
   Calls calls(stub_.get());
-  const int alpha1 = calls.Run("a", "1");
-  ASSERT_TRUE(WaitFor([&] { return server_->service()->calls_in_flight() == 1; }));
-  const int alpha2 = calls.Run("a", "2");  // waits for alpha1's slot
   // The per-tenant gauges say who holds the slot and who waits.
   auto metrics = [&] {
     server_->PublishLimits();
     return prometheus::TextSerializer().Serialize(server_->metrics()->registry()->Collect());
   };
+  const int alpha1 = calls.Run("a", "1");
+  // alpha1 holds the slot (in flight is not enough: it may still be
+  // creating its session, and a later call could take the slot first).
+  ASSERT_TRUE(WaitFor([&] {
+    return metrics().find("sandbox_broker_tenant_runs_in_use{tenant=\"alpha\"} 1") !=
+           std::string::npos;
+  })) << metrics();
+  const int alpha2 = calls.Run("a", "2");  // waits for alpha1's slot
   ASSERT_TRUE(WaitFor([&] {
     return metrics().find("sandbox_broker_tenant_runs_queued{tenant=\"alpha\"} 1") !=
            std::string::npos;
@@ -294,7 +299,14 @@ TEST_F(ConcurrencyTest, RunsPastTheTenantLimitFailNamingIt) {
       "limits": {"max_concurrent_runs_per_tenant": 1, "queue_timeout_ms": 100}})");
   Calls calls(stub_.get());
   const int first = calls.Run("t", "1");
-  ASSERT_TRUE(WaitFor([&] { return server_->service()->calls_in_flight() == 1; }));
+  // first holds the tenant's one slot (in flight is not enough: it may still
+  // be creating the session, and second could take the slot before it).
+  ASSERT_TRUE(WaitFor([&] {
+    server_->PublishLimits();
+    return prometheus::TextSerializer()
+               .Serialize(server_->metrics()->registry()->Collect())
+               .find("sandbox_broker_tenant_runs_in_use{tenant=\"alpha\"} 1") != std::string::npos;
+  }));
   const int second = calls.Run("t", "2");
   ASSERT_TRUE(WaitFor([&] { return calls.finished(second); }));
   EXPECT_EQ(calls.status(second).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
