@@ -173,6 +173,11 @@ class Calls {
 
 class ConcurrencyTest : public BrokerFixture {
  protected:
+  // The broker's metrics in Prometheus text, limit gauges freshly published.
+  std::string Metrics() {
+    server_->PublishLimits();
+    return prometheus::TextSerializer().Serialize(server_->metrics()->registry()->Collect());
+  }
   void CreatesAllReachTheProvider(Faults& faults);
   // `tools`: as the tools sandbox_<provider>_write_file / read_file.
   void FileTransfersAllReachTheProvider(Faults& faults, const std::string& tools = "");
@@ -268,10 +273,7 @@ TEST_F(ConcurrencyTest, OneTenantAtItsRunLimitDoesNotDelayAnother) {
       "limits": {"max_concurrent_runs_per_tenant": 1, "queue_timeout_ms": 30000}})");
   Calls calls(stub_.get());
   // The per-tenant gauges say who holds the slot and who waits.
-  auto metrics = [&] {
-    server_->PublishLimits();
-    return prometheus::TextSerializer().Serialize(server_->metrics()->registry()->Collect());
-  };
+  auto metrics = [&] { return Metrics(); };
   const int alpha1 = calls.Run("a", "1");
   // alpha1 holds the slot (in flight is not enough: it may still be
   // creating its session, and a later call could take the slot first).
@@ -302,10 +304,8 @@ TEST_F(ConcurrencyTest, RunsPastTheTenantLimitFailNamingIt) {
   // first holds the tenant's one slot (in flight is not enough: it may still
   // be creating the session, and second could take the slot before it).
   ASSERT_TRUE(WaitFor([&] {
-    server_->PublishLimits();
-    return prometheus::TextSerializer()
-               .Serialize(server_->metrics()->registry()->Collect())
-               .find("sandbox_broker_tenant_runs_in_use{tenant=\"alpha\"} 1") != std::string::npos;
+    return Metrics().find("sandbox_broker_tenant_runs_in_use{tenant=\"alpha\"} 1") !=
+           std::string::npos;
   }));
   const int second = calls.Run("t", "2");
   ASSERT_TRUE(WaitFor([&] { return calls.finished(second); }));
