@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -157,6 +158,20 @@ std::string CgroupFs::PidsDir(const std::string& name, const std::string& child)
   std::string d = absl::StrCat(pids_, "/", parent_, "/", name);
   if (!child.empty()) absl::StrAppend(&d, "/", child);
   return d;
+}
+
+absl::Status CgroupFs::SetTreeCpuWeight(int64_t weight) const {
+  if (version_ == 2) {
+    const std::string parent = absl::StrCat(root_, "/", parent_);
+    if (absl::Status s = Put(root_ + "/cgroup.subtree_control", "+memory +pids +cpu"); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = MkDir(parent); !s.ok()) return s;
+    return Put(parent + "/cpu.weight", absl::StrCat(weight));
+  }
+  const std::string parent = absl::StrCat(cpu_, "/", parent_);
+  if (absl::Status s = MkDir(parent); !s.ok()) return s;
+  return Put(parent + "/cpu.shares", absl::StrCat(std::max<int64_t>(2, weight * 1024 / 100)));
 }
 
 absl::Status CgroupFs::CreateSandbox(const std::string& name, const CgroupLimits& limits) const {

@@ -42,6 +42,11 @@ class CgroupFs {
   // A human description: "cgroup v2 at /sys/fs/cgroup/sandbox-broker".
   std::string Describe() const;
 
+  // Sets the CPU weight of the parent group, i.e. of all sandboxes together
+  // against the host's other processes and groups (creating the group):
+  // v2 cpu.weight = `weight` (1-10000, 100 = the kernel's default, one
+  // ordinary process); v1 cpu.shares = weight * 1024 / 100.
+  absl::Status SetTreeCpuWeight(int64_t weight) const;
   // Creates (or, after a crash, reuses) the sandbox's group with `limits`.
   absl::Status CreateSandbox(const std::string& name, const CgroupLimits& limits) const;
   // Creates a child group ("init", "run-3"); its cgroup.procs files opened

@@ -1150,6 +1150,7 @@ absl::StatusOr<LocalConfig> ParseLocalConfig(const nlohmann::json& json) {
   c.enforcement = r.Enum("enforcement", c.enforcement, {"strict", "best_effort"});
   c.cgroup_root = r.String("cgroup_root", c.cgroup_root, false);
   c.cgroup_parent = r.String("cgroup_parent", c.cgroup_parent, false);
+  c.cpu_weight = r.Int("cpu_weight", c.cpu_weight, 1, 10000);
   c.init_path = r.String("init_path", c.init_path);
   RETURN_IF_ERROR(r.Finish());
   if (c.mount_point.front() != '/' || c.mount_point == "/" ||
@@ -1598,6 +1599,7 @@ absl::Status LocalProvider::ProbeEnforcement() {
       l.cpus = 1;
       absl::Status s = cg->CreateSandbox(probe, l);
       (void)cg->Remove(probe);
+      if (s.ok()) s = cg->SetTreeCpuWeight(config_.cpu_weight);
       if (s.ok()) {
         cgroups_ = std::make_unique<CgroupFs>(*cg);
         enforcement_.cgroups = true;
@@ -1626,10 +1628,10 @@ absl::Status LocalProvider::ProbeEnforcement() {
       missing.push_back(absl::StrCat("no disk quota (loop-mounted ext4): ", d.message()));
     }
   }
-  enforcement_.detail = missing.empty()
-                            ? absl::StrCat("limits enforced: ", cgroups_->Describe(),
-                                           "; workspace quota: loop-mounted ext4")
-                            : absl::StrCat("limits NOT enforced: ", absl::StrJoin(missing, "; "));
+  enforcement_.detail =
+      missing.empty() ? absl::StrCat("limits enforced: ", cgroups_->Describe(), ", cpu weight ",
+                                     config_.cpu_weight, "; workspace quota: loop-mounted ext4")
+                      : absl::StrCat("limits NOT enforced: ", absl::StrJoin(missing, "; "));
   if (missing.empty()) return absl::OkStatus();
   if (config_.enforcement == "best_effort" || config_.isolation == "none") {
     Log(LogLevel::kWarning, "local.enforcement_best_effort",

@@ -64,6 +64,14 @@ struct LocalConfig {
   // The cgroup filesystem (a seam for tests) and our group under it.
   std::string cgroup_root = "/sys/fs/cgroup";
   std::string cgroup_parent = "sandbox-broker";
+  // The CPU weight of all sandboxes together (the cgroup_parent group)
+  // against the host's other processes when they compete for the CPU: v2
+  // cpu.weight, v1 cpu.shares = weight * 1024 / 100. 100 (the kernel's
+  // default) makes the whole tree weigh one ordinary process, so the
+  // broker's own threads come first; higher gives bursts of sandboxed
+  // starts the CPU sooner at the broker's expense. Each sandbox is still
+  // capped at limits.cpus.
+  int64_t cpu_weight = 100;
   // The container's PID 1 (sandbox-init); empty = next to this executable.
   std::string init_path;
   // Largest file WriteFile/ReadFile moves.

@@ -146,6 +146,38 @@ TEST(CgroupFsV1, DetectsPerControllerHierarchiesAndWritesLimits) {
   EXPECT_FALSE(cg->Exists("s9"));
 }
 
+// The weight of all sandboxes together against the rest of the host: v2
+// cpu.weight as given, v1 cpu.shares in its own units (1024 per 100).
+TEST(CgroupFsV2, TreeCpuWeight) {
+  TempDir dir;
+  const std::string root = dir.path();
+  Write(root + "/cgroup.controllers", "cpu memory pids\n");
+  auto cg = CgroupFs::Detect(root, "sb");
+  ASSERT_TRUE(cg.ok()) << cg.status();
+  ASSERT_TRUE(cg->SetTreeCpuWeight(2500).ok());
+  EXPECT_EQ(Read(root + "/cgroup.subtree_control"), "+memory +pids +cpu");
+  EXPECT_EQ(Read(root + "/sb/cpu.weight"), "2500");
+  ASSERT_TRUE(cg->SetTreeCpuWeight(100).ok());  // back to the default on the next start
+  EXPECT_EQ(Read(root + "/sb/cpu.weight"), "100");
+}
+
+TEST(CgroupFsV1, TreeCpuWeightIsShares) {
+  TempDir dir;
+  const std::string root = dir.path();
+  for (const char* c : {"memory", "pids", "cpu"}) {
+    mkdir((root + "/" + c).c_str(), 0755);
+    Write(root + "/" + c + "/cgroup.procs", "");
+  }
+  auto cg = CgroupFs::Detect(root, "sb");
+  ASSERT_TRUE(cg.ok()) << cg.status();
+  ASSERT_TRUE(cg->SetTreeCpuWeight(100).ok());
+  EXPECT_EQ(Read(root + "/cpu/sb/cpu.shares"), "1024");
+  ASSERT_TRUE(cg->SetTreeCpuWeight(10000).ok());
+  EXPECT_EQ(Read(root + "/cpu/sb/cpu.shares"), "102400");
+  ASSERT_TRUE(cg->SetTreeCpuWeight(1).ok());
+  EXPECT_EQ(Read(root + "/cpu/sb/cpu.shares"), "10");
+}
+
 TEST(CgroupFs, NoUsableHierarchyIsAClearError) {
   TempDir dir;
   Write(dir.path() + "/cgroup.controllers", "cpu io\n");  // v2 without memory/pids

@@ -20,8 +20,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "adapters/local/disk_image.h"
+#include "tests/testing/child_process.h"
 #include "tests/testing/processes.h"
 #include "tests/testing/temp_dir.h"
 
@@ -397,6 +399,48 @@ TEST_F(LocalProviderTest, RunsWorkWithoutTheSpareAndSeveralAtOnce) {
   ExecResult slow = Exec(Language::kShell, "sleep 30 & sleep 30", absl::Milliseconds(300));
   EXPECT_TRUE(slow.timed_out);
   EXPECT_EQ(Exec(Language::kShell, "echo three").output, "three\n");
+}
+
+TEST(LocalProviderConfig, CpuWeightIsBounded) {
+  auto ok = ParseLocalConfig(nlohmann::json::parse(R"({"cpu_weight": 2500})"));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->cpu_weight, 2500);
+  EXPECT_EQ(ParseLocalConfig(nlohmann::json::object())->cpu_weight, 100);
+  for (const char* bad : {R"({"cpu_weight": 0})", R"({"cpu_weight": 10001})"}) {
+    auto r = ParseLocalConfig(nlohmann::json::parse(bad));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("providers.local.cpu_weight"), absl::string_view::npos)
+        << r.status().message();
+  }
+}
+
+// On this machine's real cgroups: the provider gives its parent group the
+// configured weight when it starts (a parent of the test's own, removed after).
+TEST(LocalProviderStartup, GivesTheSandboxTreeItsCpuWeight) {
+  TempDir dir;
+  LocalConfig c;
+  c.workspace_root = dir.path() + "/ws";
+  c.uid_base = 613000;
+  c.cgroup_parent = absl::StrCat("sandbox-broker-weight-test-", getpid());
+  c.cpu_weight = 300;
+  auto p = LocalProvider::Create(c);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const bool cgroups = (*p)->enforcement().cgroups;
+  const std::string detail = (*p)->enforcement().detail;
+  p->reset();
+  const std::string v1 = absl::StrCat(c.cgroup_root, "/cpu/", c.cgroup_parent, "/cpu.shares");
+  const std::string v2 = absl::StrCat(c.cgroup_root, "/", c.cgroup_parent, "/cpu.weight");
+  const std::string shares = ReadAll(v1), weight = ReadAll(v2);
+  for (const char* h : {"/memory/", "/pids/", "/cpu/", "/cpuacct/", "/"}) {
+    rmdir(absl::StrCat(c.cgroup_root, h, c.cgroup_parent).c_str());
+  }
+  if (!cgroups) GTEST_SKIP() << "no writable cgroups here: " << detail;
+  EXPECT_NE(detail.find("cpu weight 300"), std::string::npos) << detail;
+  if (!shares.empty()) {
+    EXPECT_EQ(absl::StripAsciiWhitespace(shares), "3072");
+  } else {
+    EXPECT_EQ(absl::StripAsciiWhitespace(weight), "300");
+  }
 }
 
 TEST(LocalProviderStartup, StrictRefusesWithoutCgroupsAndBestEffortSaysSo) {
