@@ -246,6 +246,9 @@ bool IsLocalSandboxId(const std::string& id) {
 // Runs going on a provider at most for a spare to be used or readied.
 constexpr int kQuietRuns = 4;
 
+// The largest shell script passed as `bash -c` (one argument may be 128 KiB).
+constexpr size_t kMaxShellArg = 64 << 10;
+
 // One thread that readies sandboxes' spares (see sandbox_init.cc): their
 // cgroup moves serialize in the kernel anyway.
 WorkPool* SparePool() {
@@ -379,9 +382,16 @@ class LocalSandbox final : public Sandbox {
           stdin_data = request.code;
           break;
         case Language::kShell:
-          cmd = {"bash", "/dev/fd/3"};
-          fd3_data = request.code;
-          has_fd3 = true;
+          // `bash -c`, as the E2B adapter sends it: its last command
+          // replaces bash (one process fewer per run). A script too large
+          // for one argument (or with a NUL) is read from fd 3.
+          if (request.code.size() <= kMaxShellArg && request.code.find('\0') == std::string::npos) {
+            cmd = {"bash", "-c", request.code};
+          } else {
+            cmd = {"bash", "/dev/fd/3"};
+            fd3_data = request.code;
+            has_fd3 = true;
+          }
           break;
       }
     }
