@@ -26,9 +26,11 @@ namespace sandbox {
 // cloud provider's image: `home` as home and working directory, `user` as
 // the user, a /tmp that lasts the sandbox's life. An empty `*root` becomes a
 // fresh temporary directory (and `*own_root` true: the fake removes it).
+// Their cgroups live under a group named after the fake (`name`), apart from
+// the broker's, with `cpu_weight` (as providers.local.cpu_weight).
 inline absl::StatusOr<std::unique_ptr<LocalProvider>> MakeFakeSandboxes(
     const std::string& name, const std::string& home, const std::string& user, int64_t uid_base,
-    std::string* root, bool* own_root) {
+    int64_t cpu_weight, std::string* root, bool* own_root) {
   if (root->empty()) {
     std::string tmpl = absl::StrCat("/tmp/", name, "-XXXXXX");
     *root = mkdtemp(tmpl.data());
@@ -41,6 +43,8 @@ inline absl::StatusOr<std::unique_ptr<LocalProvider>> MakeFakeSandboxes(
   lc.user_name = user;
   lc.persistent_tmp = true;
   lc.uid_base = uid_base;
+  lc.cgroup_parent = name;
+  lc.cpu_weight = cpu_weight;
   lc.max_transfer_bytes = 64 << 20;
   return LocalProvider::Create(lc);
 }

@@ -118,7 +118,7 @@ class FakeDaytona::Impl {
 
   absl::Status Init() {
     auto p = MakeFakeSandboxes("fake-daytona", kHome, "daytona", options_.uid_base,
-                               &options_.workspace_root, &own_root_);
+                               options_.cpu_weight, &options_.workspace_root, &own_root_);
     if (!p.ok()) return p.status();
     local_ = std::move(*p);
     ConfigureFakeServer(server_);

@@ -25,6 +25,10 @@ class FakeDaytona {
     int port = 0;
     std::string workspace_root;  // empty = a fresh temporary directory
     int64_t uid_base = 660000;
+    // The CPU weight of all its sandboxes together (their cgroup group is
+    // named after the fake), as providers.local.cpu_weight. A cloud's
+    // sandboxes do not share our CPU; a benchmark may give them more.
+    int64_t cpu_weight = 100;
     Clock* clock = Clock::Real();  // auto-stop / auto-delete timers
     bool timer_thread = true;      // apply them every second
   };

@@ -136,7 +136,7 @@ class FakeE2B::Impl {
   }
 
   absl::Status Init() {
-    auto p = MakeFakeSandboxes("fake-e2b", kHome, "user", options_.uid_base,
+    auto p = MakeFakeSandboxes("fake-e2b", kHome, "user", options_.uid_base, options_.cpu_weight,
                                &options_.workspace_root, &own_root_);
     if (!p.ok()) return p.status();
     local_ = std::move(*p);

@@ -26,6 +26,10 @@ class FakeE2B {
     int port = 0;                // 0 = any free port
     std::string workspace_root;  // empty = a fresh temporary directory
     int64_t uid_base = 650000;
+    // The CPU weight of all its sandboxes together (their cgroup group is
+    // named after the fake), as providers.local.cpu_weight. A cloud's
+    // sandboxes do not share our CPU; a benchmark may give them more.
+    int64_t cpu_weight = 100;
     // Time for sandbox TTLs. With a fake clock, call ExpireNow() to reap.
     Clock* clock = Clock::Real();
     bool ttl_thread = true;  // reap expired sandboxes every second

@@ -2,6 +2,7 @@
 
 // The command-line shell shared by the fake provider servers:
 //   fake-X [--port N] [--api-key KEY] [--workspace-root DIR] [--uid-base N]
+//          [--cpu-weight N]
 // The first line on stdout is "listening on 127.0.0.1:PORT"; SIGINT or
 // SIGTERM stops it.
 
@@ -26,9 +27,13 @@ int FakeMain(int argc, char** argv, const char* name) {
       o.workspace_root = argv[++i];
     } else if (a == "--uid-base" && i + 1 < argc) {
       o.uid_base = atoll(argv[++i]);
+    } else if (a == "--cpu-weight" && i + 1 < argc) {
+      o.cpu_weight = atoll(argv[++i]);
     } else {
       fprintf(stderr,
-              "usage: %s [--port N] [--api-key KEY] [--workspace-root DIR] [--uid-base N]\n", name);
+              "usage: %s [--port N] [--api-key KEY] [--workspace-root DIR] [--uid-base N] "
+              "[--cpu-weight N]\n",
+              name);
       return 2;
     }
   }

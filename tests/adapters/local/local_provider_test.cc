@@ -76,6 +76,18 @@ TEST_F(LocalProviderTest, RunsEachLanguageWithCodeOfAnyBytesExactly) {
   EXPECT_EQ(sh.exit_code, 4);
 }
 
+// Shell scripts up to 64 KiB go as `bash -c`, whose last command replaces
+// bash; larger ones are read from fd 3 (and forked, as any script file).
+TEST_F(LocalProviderTest, ShellScriptsOfAnySizeRun) {
+  const std::string probe = "true; sh -c 'test $$ = $1 && echo replaced || echo forked' sh $$";
+  EXPECT_EQ(Exec(Language::kShell, probe).output, "replaced\n");
+  std::string big(100 << 10, '#');
+  big += "\necho \"big $((6 * 7))\"\n" + probe + "\nexit 3\n";
+  ExecResult large = Exec(Language::kShell, big);
+  EXPECT_EQ(large.output, "big 42\nforked\n");
+  EXPECT_EQ(large.exit_code, 3);
+}
+
 TEST_F(LocalProviderTest, EnvironmentIsClearedButForPathHomeLangAndTheRequest) {
   setenv("E2B_API_KEY", "e2b_sekrit_host_key", 1);
   ExecResult r = Exec(Language::kShell, "env | sort", absl::Seconds(30), {{"MY_VAR", "v1"}});
