@@ -27,12 +27,13 @@ int FakeMain(int argc, char** argv, const char* name) {
       o.workspace_root = argv[++i];
     } else if (a == "--uid-base" && i + 1 < argc) {
       o.uid_base = atoll(argv[++i]);
-    } else if (a == "--cpu-weight" && i + 1 < argc) {
+    } else if (a == "--cpu-weight" && i + 1 < argc && atoll(argv[i + 1]) >= 1 &&
+               atoll(argv[i + 1]) <= 10000) {
       o.cpu_weight = atoll(argv[++i]);
     } else {
       fprintf(stderr,
               "usage: %s [--port N] [--api-key KEY] [--workspace-root DIR] [--uid-base N] "
-              "[--cpu-weight N]\n",
+              "[--cpu-weight 1-10000]\n",
               name);
       return 2;
     }
