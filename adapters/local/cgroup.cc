@@ -22,6 +22,9 @@
 namespace sandbox {
 namespace {
 
+// The controllers a sandbox needs, as cgroup v2 enables them for children.
+constexpr char kV2Controllers[] = "+memory +pids +cpu";
+
 bool PathExists(const std::string& p) {
   struct stat st;
   return stat(p.c_str(), &st) == 0;
@@ -160,14 +163,15 @@ std::string CgroupFs::PidsDir(const std::string& name, const std::string& child)
   return d;
 }
 
+absl::Status CgroupFs::MakeV2Parent() const {
+  if (absl::Status s = Put(root_ + "/cgroup.subtree_control", kV2Controllers); !s.ok()) return s;
+  return MkDir(absl::StrCat(root_, "/", parent_));
+}
+
 absl::Status CgroupFs::SetTreeCpuWeight(int64_t weight) const {
   if (version_ == 2) {
-    const std::string parent = absl::StrCat(root_, "/", parent_);
-    if (absl::Status s = Put(root_ + "/cgroup.subtree_control", "+memory +pids +cpu"); !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = MkDir(parent); !s.ok()) return s;
-    return Put(parent + "/cpu.weight", absl::StrCat(weight));
+    if (absl::Status s = MakeV2Parent(); !s.ok()) return s;
+    return Put(absl::StrCat(root_, "/", parent_, "/cpu.weight"), absl::StrCat(weight));
   }
   const std::string parent = absl::StrCat(cpu_, "/", parent_);
   if (absl::Status s = MkDir(parent); !s.ok()) return s;
@@ -176,11 +180,11 @@ absl::Status CgroupFs::SetTreeCpuWeight(int64_t weight) const {
 
 absl::Status CgroupFs::CreateSandbox(const std::string& name, const CgroupLimits& limits) const {
   if (version_ == 2) {
-    const std::string enable = "+memory +pids +cpu";
     const std::string parent = absl::StrCat(root_, "/", parent_);
-    if (absl::Status s = Put(root_ + "/cgroup.subtree_control", enable); !s.ok()) return s;
-    if (absl::Status s = MkDir(parent); !s.ok()) return s;
-    if (absl::Status s = Put(parent + "/cgroup.subtree_control", enable); !s.ok()) return s;
+    if (absl::Status s = MakeV2Parent(); !s.ok()) return s;
+    if (absl::Status s = Put(parent + "/cgroup.subtree_control", kV2Controllers); !s.ok()) {
+      return s;
+    }
     const std::string d = parent + "/" + name;
     if (absl::Status s = MkDir(d); !s.ok()) return s;
     // Memory accounting in the sandbox's children too, so that each run's

@@ -81,6 +81,8 @@ class CgroupFs {
   std::vector<std::string> Dirs(const std::string& name, const std::string& child) const;
   std::string MemDir(const std::string& name) const;
   std::string PidsDir(const std::string& name, const std::string& child) const;
+  // v2: enables our controllers at the root and creates the parent group.
+  absl::Status MakeV2Parent() const;
 
   int version_ = 0;
   std::string root_;

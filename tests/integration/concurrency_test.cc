@@ -273,20 +273,19 @@ TEST_F(ConcurrencyTest, OneTenantAtItsRunLimitDoesNotDelayAnother) {
       "limits": {"max_concurrent_runs_per_tenant": 1, "queue_timeout_ms": 30000}})");
   Calls calls(stub_.get());
   // The per-tenant gauges say who holds the slot and who waits.
-  auto metrics = [&] { return Metrics(); };
   const int alpha1 = calls.Run("a", "1");
   // alpha1 holds the slot (in flight is not enough: it may still be
   // creating its session, and a later call could take the slot first).
   ASSERT_TRUE(WaitFor([&] {
-    return metrics().find("sandbox_broker_tenant_runs_in_use{tenant=\"alpha\"} 1") !=
+    return Metrics().find("sandbox_broker_tenant_runs_in_use{tenant=\"alpha\"} 1") !=
            std::string::npos;
-  })) << metrics();
+  })) << Metrics();
   const int alpha2 = calls.Run("a", "2");  // waits for alpha1's slot
   ASSERT_TRUE(WaitFor([&] {
-    return metrics().find("sandbox_broker_tenant_runs_queued{tenant=\"alpha\"} 1") !=
+    return Metrics().find("sandbox_broker_tenant_runs_queued{tenant=\"alpha\"} 1") !=
            std::string::npos;
-  })) << metrics();
-  EXPECT_NE(metrics().find("sandbox_broker_tenant_runs_in_use{tenant=\"alpha\"} 1"),
+  })) << Metrics();
+  EXPECT_NE(Metrics().find("sandbox_broker_tenant_runs_in_use{tenant=\"alpha\"} 1"),
             std::string::npos);
   const int beta = calls.Run("b", "3", "token-beta-456");
   calls.Wait();
