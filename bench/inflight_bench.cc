@@ -230,6 +230,8 @@ int main(int argc, char** argv) {
   if (Has(argc, argv, "start")) {
     // Started in parallel, 32 at a time.
     std::atomic<int> next{0}, failed{0};
+    std::vector<double> start_ms(sessions);  // each start's own time, by start order
+    const auto s0 = std::chrono::steady_clock::now();
     std::vector<std::thread> ts;
     for (int t = 0; t < 32; ++t) {
       ts.emplace_back([&] {
@@ -239,12 +241,29 @@ int main(int argc, char** argv) {
           pb::StartSessionRequest req;
           req.set_session_id(session(i));
           pb::SessionInfo info;
+          const auto c0 = std::chrono::steady_clock::now();
           if (!stubs[0]->StartSession(&ctx, req, &info).ok()) ++failed;
+          start_ms[i] =
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0)
+                  .count();
         }
       });
     }
     for (auto& t : ts) t.join();
     if (failed > 0) std::fprintf(stderr, "%d session starts failed\n", failed.load());
+    // How a start's cost moves as sessions accumulate: the first and the
+    // last tenth of them.
+    const int tenth = std::max(1, sessions / 10);
+    auto mean = [&](int from) {
+      double sum = 0;
+      for (int i = from; i < from + tenth; ++i) sum += start_ms[i];
+      return sum / tenth;
+    };
+    std::printf(
+        "  %d sessions started in %.1f s, 32 at a time; mean start: first %d %.0f ms, last %d %.0f "
+        "ms\n",
+        sessions, std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count(),
+        tenth, mean(0), tenth, mean(sessions - tenth));
     std::fprintf(stderr, "sessions started; firing\n");  // a mark for profilers
   }
   const Proc before = pid > 0 ? ReadProc(pid) : Proc{};

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -21,5 +22,10 @@ absl::Status MountDiskImage(const std::string& image, const std::string& dir);
 bool IsMountPoint(const std::string& dir);
 // Unmounts `dir` if mounted (lazily when busy). Missing or unmounted is OK.
 absl::Status UnmountDisk(const std::string& dir);
+
+// The mount points strictly below `root` (resolved, as the mount table
+// has them), from /proc/self/mountinfo. Empty when `root` cannot be
+// resolved or is "/".
+std::vector<std::string> MountsBelow(const std::string& root);
 
 }  // namespace sandbox

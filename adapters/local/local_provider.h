@@ -166,6 +166,7 @@ class LocalProvider final : public Provider {
   absl::Status Probe();
   absl::Status ProbeSandbox();
   absl::Status ProbeEnforcement();
+  void PrepareWorkspaceRoot();
   absl::StatusOr<std::unique_ptr<Sandbox>> Start(const std::string& id, const SandboxSpec& spec,
                                                  bool fresh);
   std::vector<std::string> ContainerArgs(const std::string& workspace,
@@ -182,6 +183,10 @@ class LocalProvider final : public Provider {
   LocalEnforcement enforcement_;
   mutable std::atomic<int> runs_in_flight_{0};
   std::unique_ptr<CgroupFs> cgroups_;  // null when not enforced
+  // workspace_root is a private mount, and each new container drops the
+  // other workspaces from its mount namespace (PrepareWorkspaceRoot).
+  bool own_mount_namespace_ = false;
+  bool made_root_mount_ = false;  // this process bind-mounted workspace_root
 };
 
 }  // namespace sandbox

@@ -113,6 +113,8 @@ class FakeDaytona::Impl {
     absl::MutexLock l(&mu_);
     for (auto& [id, b] : boxes_) (void)b->sandbox->Destroy();
     boxes_.clear();
+    // First: the provider unmounts what it mounted on the root.
+    local_.reset();
     if (own_root_) (void)RemoveTree(options_.workspace_root);
   }
 

@@ -132,6 +132,8 @@ class FakeE2B::Impl {
     absl::MutexLock l(&mu_);
     for (auto& [id, sb] : sandboxes_) (void)sb->box->Destroy();
     sandboxes_.clear();
+    // First: the provider unmounts what it mounted on the root.
+    local_.reset();
     if (own_root_) (void)RemoveTree(options_.workspace_root);
   }
 

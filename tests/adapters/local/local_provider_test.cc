@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/mount.h>
@@ -13,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -206,6 +208,74 @@ TEST_F(LocalProviderTest, SandboxesDoNotSeeEachOther) {
   EXPECT_EQ(r->output.find("mine.txt"), std::string::npos) << r->output;
   EXPECT_EQ(r->output.find(sandbox_->id()), std::string::npos) << r->output;
   EXPECT_FALSE((*other)->ReadFile("mine.txt")->has_value());
+}
+
+// The mount points a process sees (its /proc/PID/mountinfo, fifth field).
+std::vector<std::string> MountPointsOf(pid_t pid) {
+  std::vector<std::string> out;
+  std::ifstream in(absl::StrCat("/proc/", pid, "/mountinfo"));
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string id, parent, dev, root, point;
+    f >> id >> parent >> dev >> root >> point;
+    out.push_back(point);
+  }
+  return out;
+}
+
+// The host pid of the bwrap process whose command line binds `workspace`.
+pid_t BwrapFor(const std::string& workspace) {
+  DIR* d = opendir("/proc");
+  pid_t found = 0;
+  while (struct dirent* e = readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    std::ifstream in(absl::StrCat("/proc/", e->d_name, "/cmdline"));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string cmd = ss.str();
+    if (absl::StrContains(cmd.substr(0, cmd.find('\0')), "bwrap") &&
+        absl::StrContains(cmd, std::string("\0") + workspace + std::string(1, '\0'))) {
+      found = atoi(e->d_name);
+    }
+  }
+  closedir(d);
+  return found;
+}
+
+// Each workspace disk is a mount on the host; a new container's bwrap works
+// in a mount namespace that has its own workspace and no other (bwrap reads
+// the whole mount table for each of its mounts). The host keeps them all,
+// and every sandbox keeps working.
+TEST_F(LocalProviderTest, ContainersStartWithOnlyTheirOwnWorkspaceMounted) {
+  auto other = provider_->Create(SandboxSpec{});
+  ASSERT_TRUE(other.ok()) << other.status();
+  const std::string root = dir_.path() + "/ws";
+  const std::string mine = root + "/" + sandbox_->id() + "/workspace";
+  const std::string theirs = root + "/" + (*other)->id() + "/workspace";
+  EXPECT_TRUE(IsMountPoint(root));
+  EXPECT_TRUE(IsMountPoint(mine));
+  EXPECT_TRUE(IsMountPoint(theirs));
+  const pid_t bwrap = BwrapFor(theirs);
+  ASSERT_GT(bwrap, 0);
+  const std::vector<std::string> seen = MountPointsOf(bwrap);
+  EXPECT_NE(std::find(seen.begin(), seen.end(), theirs), seen.end());
+  EXPECT_EQ(std::find(seen.begin(), seen.end(), mine), seen.end());
+  EXPECT_NE(std::find(seen.begin(), seen.end(), root), seen.end());
+  for (Sandbox* sb : {sandbox_.get(), other->get()}) {
+    ASSERT_TRUE(sb->WriteFile("id.txt", sb->id()).ok());
+    ExecRequest req;
+    req.language = Language::kShell;
+    req.code = "cat /workspace/id.txt; echo; df --output=size -B1M /workspace | tail -1";
+    auto r = sb->Exec(req);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(absl::StartsWith(r->output, sb->id() + "\n")) << r->output;
+    // The workspace is the 64 MiB disk, not the directory below the mount.
+    EXPECT_LE(std::atoi(r->output.substr(r->output.find('\n') + 1).c_str()), 64) << r->output;
+  }
+  EXPECT_TRUE((*other)->Destroy().ok());
+  EXPECT_FALSE(IsMountPoint(theirs));
+  EXPECT_TRUE(IsMountPoint(mine));
 }
 
 TEST_F(LocalProviderTest, DestroyKillsRunningCodeAndRemovesTheWorkspace) {
@@ -607,6 +677,71 @@ TEST(DiskImage, IsMountPointSeesMountRootsOnly) {
   EXPECT_TRUE(UnmountDisk(dir).ok());
   EXPECT_FALSE(IsMountPoint(dir));
   EXPECT_FALSE(IsMountPoint(t.path() + "/missing"));
+}
+
+// The loop device is attached and the image mounted with syscalls; an image
+// that is still on a loop device is mounted through that same device (one
+// filesystem, never two over the same bytes).
+TEST(DiskImage, MountsAnImageOnOneAutoclearedLoopDevice) {
+  if (geteuid() != 0) GTEST_SKIP() << "mounting needs root";
+  TempDir t;
+  const std::string img = t.path() + "/img", a = t.path() + "/a", b = t.path() + "/b";
+  ASSERT_EQ(mkdir(a.c_str(), 0700), 0);
+  ASSERT_EQ(mkdir(b.c_str(), 0700), 0);
+  ASSERT_TRUE(CreateDiskImage(img, 16 << 20, 0, -1).ok());
+  ASSERT_TRUE(MountDiskImage(img, a).ok());
+  ASSERT_TRUE(IsMountPoint(a));
+  // "... MOUNT-POINT OPTIONS ... - FSTYPE SOURCE ...": a's source device.
+  auto source = [](const std::string& point) {
+    std::ifstream in("/proc/self/mountinfo");
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string id, parent, dev, root, p, word;
+      f >> id >> parent >> dev >> root >> p;
+      if (p != point) continue;
+      while (f >> word && word != "-") {
+      }
+      f >> word >> word;
+      return word;
+    }
+    return std::string();
+  };
+  const std::string dev = source(a);
+  ASSERT_TRUE(absl::StartsWith(dev, "/dev/loop")) << dev;
+  std::ifstream autoclear("/sys/block/" + dev.substr(5) + "/loop/autoclear");
+  std::string flag;
+  autoclear >> flag;
+  EXPECT_EQ(flag, "1");
+  std::ofstream(a + "/f") << "x";
+  ASSERT_TRUE(MountDiskImage(img, b).ok());
+  EXPECT_EQ(source(b), dev);
+  EXPECT_EQ(access((b + "/f").c_str(), F_OK), 0);
+  EXPECT_TRUE(UnmountDisk(b).ok());
+  EXPECT_TRUE(UnmountDisk(a).ok());
+  EXPECT_FALSE(IsMountPoint(a));
+}
+
+TEST(DiskImage, MountsBelowListsWhatIsMountedUnderADirectory) {
+  if (geteuid() != 0) GTEST_SKIP() << "mounting needs root";
+  TempDir t;
+  char real[PATH_MAX];
+  ASSERT_NE(realpath(t.path().c_str(), real), nullptr);
+  const std::string r = std::string(real) + "/r";
+  for (const std::string d : {r, r + "/a", r + "/b c", std::string(real) + "/rr"}) {
+    ASSERT_EQ(mkdir(d.c_str(), 0700), 0) << d;
+  }
+  for (const std::string d : {r + "/a", r + "/b c", std::string(real) + "/rr"}) {
+    ASSERT_EQ(mount("tmpfs", d.c_str(), "tmpfs", 0, "size=1m"), 0) << strerror(errno);
+  }
+  std::vector<std::string> got = MountsBelow(t.path() + "/r");
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, (std::vector<std::string>{r + "/a", r + "/b c"}));
+  EXPECT_TRUE(MountsBelow(r + "/a").empty());
+  EXPECT_TRUE(MountsBelow("/").empty());
+  EXPECT_TRUE(MountsBelow(t.path() + "/missing").empty());
+  // TempDir reads /proc/self/mounts without undoing its escapes.
+  EXPECT_EQ(umount2((r + "/b c").c_str(), MNT_DETACH), 0);
 }
 
 }  // namespace
