@@ -4,7 +4,6 @@
 #include <limits.h>
 #include <linux/loop.h>
 #include <stdlib.h>
-#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -46,48 +45,6 @@ absl::Status Tool(const std::vector<std::string>& argv) {
   return absl::OkStatus();
 }
 
-// Attaches `image` to a free loop device and mounts it at `dir`, with
-// syscalls alone. False when this way cannot do it (old kernel, no device
-// node, the image already on a loop device, a failed mount): mount(8) then
-// tries, and says why if it cannot either.
-bool MountWithSyscalls(const std::string& image, const std::string& dir) {
-  const int img = open(image.c_str(), O_RDWR | O_CLOEXEC);
-  if (img < 0) return false;
-  // A loop device keeps the open file, and with it this lock: an image still
-  // on one (a busy workspace unmounted lazily) is left to mount(8), which
-  // reuses that device instead of mounting the filesystem twice.
-  if (flock(img, LOCK_EX | LOCK_NB) != 0) {
-    close(img);
-    return false;
-  }
-  const int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
-  bool ok = false;
-  for (int attempt = 0; ctl >= 0 && attempt < 8; ++attempt) {
-    const int n = ioctl(ctl, LOOP_CTL_GET_FREE);
-    if (n < 0) break;
-    const std::string dev = absl::StrCat("/dev/loop", n);
-    const int lfd = open(dev.c_str(), O_RDWR | O_CLOEXEC);
-    if (lfd < 0) break;
-    struct loop_config cfg;
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.fd = static_cast<__u32>(img);
-    cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;
-    strncpy(reinterpret_cast<char*>(cfg.info.lo_file_name), image.c_str(), LO_NAME_SIZE - 1);
-    if (ioctl(lfd, LOOP_CONFIGURE, &cfg) != 0) {
-      const int err = errno;
-      close(lfd);
-      if (err == EBUSY) continue;  // taken since LOOP_CTL_GET_FREE
-      break;
-    }
-    ok = mount(dev.c_str(), dir.c_str(), "ext4", MS_NOSUID | MS_NODEV | MS_NOATIME, "") == 0;
-    close(lfd);  // autoclear: the device is freed with the mount (now, if none)
-    break;
-  }
-  if (ctl >= 0) close(ctl);
-  close(img);
-  return ok;
-}
-
 }  // namespace
 
 absl::Status CreateDiskImage(const std::string& image, int64_t bytes, int64_t inodes, int uid) {
@@ -117,11 +74,41 @@ absl::Status CreateDiskImage(const std::string& image, int64_t bytes, int64_t in
   return s;
 }
 
-absl::Status MountDiskImage(const std::string& image, const std::string& dir) {
-  // mount(8) reads the whole mount table and every loop device's sysfs
-  // entry, a line and a device per sandbox: beside 500 sandboxes that was
-  // the largest part of a create's CPU after bwrap's own reads.
-  if (MountWithSyscalls(image, dir)) return absl::OkStatus();
+bool MountNewImage(const std::string& image, const std::string& dir) {
+  const int img = open(image.c_str(), O_RDWR | O_CLOEXEC);
+  if (img < 0) return false;
+  const int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
+  bool ok = false;
+  for (int attempt = 0; ctl >= 0 && attempt < 8; ++attempt) {
+    const int n = ioctl(ctl, LOOP_CTL_GET_FREE);
+    if (n < 0) break;
+    const std::string dev = absl::StrCat("/dev/loop", n);
+    const int lfd = open(dev.c_str(), O_RDWR | O_CLOEXEC);
+    if (lfd < 0) break;
+    struct loop_config cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.fd = static_cast<__u32>(img);
+    cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+    strncpy(reinterpret_cast<char*>(cfg.info.lo_file_name), image.c_str(), LO_NAME_SIZE - 1);
+    if (ioctl(lfd, LOOP_CONFIGURE, &cfg) != 0) {
+      const int err = errno;
+      close(lfd);
+      if (err == EBUSY) continue;  // taken since LOOP_CTL_GET_FREE
+      break;
+    }
+    ok = mount(dev.c_str(), dir.c_str(), "ext4", MS_NOSUID | MS_NODEV | MS_NOATIME, "") == 0;
+    close(lfd);  // autoclear: the device is freed with the mount (now, if none)
+    break;
+  }
+  if (ctl >= 0) close(ctl);
+  close(img);
+  return ok;
+}
+
+absl::Status MountDiskImage(const std::string& image, const std::string& dir, bool new_image) {
+  // mount(8)'s reads, a line and a device per sandbox, were the largest part
+  // of a create's CPU beside 500 sandboxes after bwrap's own.
+  if (new_image && MountNewImage(image, dir)) return absl::OkStatus();
   return Tool({"/usr/bin/mount", "-t", "ext4", "-o", "loop,nosuid,nodev,noatime", image, dir});
 }
 

@@ -16,8 +16,16 @@ namespace sandbox {
 // directory belongs to uid:gid (-1 = root).
 absl::Status CreateDiskImage(const std::string& image, int64_t bytes, int64_t inodes, int uid);
 // Mounts the image at `dir` (nosuid, nodev) on a loop device that is freed
-// when it is unmounted.
-absl::Status MountDiskImage(const std::string& image, const std::string& dir);
+// when it is unmounted. `new_image`: made since any mount (on no loop
+// device), so syscalls alone can attach it (MountNewImage); otherwise
+// mount(8), which reuses the loop device an image may still be on (a busy
+// workspace unmounted lazily) rather than mount one filesystem twice.
+absl::Status MountDiskImage(const std::string& image, const std::string& dir, bool new_image);
+// Attaches `image`, which no loop device may have, to a free loop device
+// (autoclear) and mounts it at `dir`, with syscalls alone: mount(8) reads the
+// whole mount table and every loop device's sysfs entry. False when this way
+// cannot (old kernel, no device node, a failed mount).
+bool MountNewImage(const std::string& image, const std::string& dir);
 // Whether something is mounted exactly at `dir`.
 bool IsMountPoint(const std::string& dir);
 // Unmounts `dir` if mounted (lazily when busy). Missing or unmounted is OK.

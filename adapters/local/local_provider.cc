@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <grp.h>
+#include <limits.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -96,25 +97,25 @@ constexpr unsigned kMoveMountFEmptyPath = 0x04;  // MOVE_MOUNT_F_EMPTY_PATH
 // but no workspace mounted below it, except `ws`. bwrap reads the whole
 // mount table for each of its ~50 mounts, and the host's has a line per
 // sandbox: beside 500 sandboxes a bwrap spent ~35 ms of CPU on that alone.
-// `root` is private on the host (PrepareWorkspaceRoot), so nothing here
-// propagates back, and later mounts below it never reach this namespace.
-// Returns false only when the namespace lost `root` or `ws` on the way
-// (then the container must not start); a step that fails earlier leaves
-// the namespace whole, which is only slower.
+// Everything is a slave of the host's mounts (nothing here propagates back;
+// what the host unmounts leaves here too when its mounts are shared), but
+// the two mounts put back are private: the workspaces mounted on the host
+// later never reach this namespace. False on any failure after unshare:
+// then the container must not start (a half-made namespace could keep other
+// sandboxes' disks alive for this one's life).
 bool DropOtherWorkspaces(const char* root, const char* ws) {
-  if (unshare(CLONE_NEWNS) != 0) return true;
-  // Slave: what the host unmounts leaves this namespace too.
-  if (mount(nullptr, "/", nullptr, MS_REC | MS_SLAVE, nullptr) != 0) return true;
+  if (unshare(CLONE_NEWNS) != 0) return false;
+  if (mount(nullptr, "/", nullptr, MS_REC | MS_SLAVE, nullptr) != 0) return false;
   const int top =
       static_cast<int>(syscall(SYS_open_tree, AT_FDCWD, root, kOpenTreeClone | O_CLOEXEC));
   const int own =
       static_cast<int>(syscall(SYS_open_tree, AT_FDCWD, ws, kOpenTreeClone | O_CLOEXEC));
-  bool ok = true;
-  if (top >= 0 && own >= 0 && umount2(root, MNT_DETACH) == 0) {
-    // `root` without what is mounted below it, then this sandbox's workspace.
-    ok = syscall(SYS_move_mount, top, "", AT_FDCWD, root, kMoveMountFEmptyPath) == 0 &&
-         syscall(SYS_move_mount, own, "", AT_FDCWD, ws, kMoveMountFEmptyPath) == 0;
-  }
+  // `root` without what is mounted below it, then this sandbox's workspace.
+  const bool ok = top >= 0 && own >= 0 && umount2(root, MNT_DETACH) == 0 &&
+                  syscall(SYS_move_mount, top, "", AT_FDCWD, root, kMoveMountFEmptyPath) == 0 &&
+                  syscall(SYS_move_mount, own, "", AT_FDCWD, ws, kMoveMountFEmptyPath) == 0 &&
+                  mount(nullptr, root, nullptr, MS_PRIVATE, nullptr) == 0 &&
+                  mount(nullptr, ws, nullptr, MS_PRIVATE, nullptr) == 0;
   if (top >= 0) close(top);
   if (own >= 0) close(own);
   return ok;
@@ -1287,14 +1288,16 @@ LocalProvider::LocalProvider(LocalConfig config, std::shared_ptr<UidPool> uids)
 
 LocalProvider::~LocalProvider() {
   // The bind mount PrepareWorkspaceRoot made goes when nothing is mounted
-  // below it (live sandboxes' workspaces keep it, for the next start).
-  if (made_root_mount_) umount2(config_.workspace_root.c_str(), 0);
+  // below it (a crash leaves it, and the next start uses it as it is).
+  if (made_root_mount_) umount2(root_mount_.c_str(), 0);
 }
 
 void LocalProvider::PrepareWorkspaceRoot() {
   // Only containers with a workspace disk (a mount each) gain from it.
   if (config_.isolation != "bwrap" || geteuid() != 0 || !enforcement_.disk) return;
-  const std::string& root = config_.workspace_root;
+  char resolved[PATH_MAX];
+  if (!realpath(config_.workspace_root.c_str(), resolved)) return;
+  const std::string root = resolved;
   auto off = [&](const std::string& why) {
     Log(LogLevel::kInfo, "local.workspace_mounts_shared",
         {{"workspace_root", root},
@@ -1302,23 +1305,21 @@ void LocalProvider::PrepareWorkspaceRoot() {
                                   "); creates slow down as sandboxes accumulate")}});
   };
   if (!IsMountPoint(root)) {
-    // Workspaces mounted by a broker that did not bind it (an older
-    // version) would be hidden under the bind: not while they exist.
+    // Workspaces mounted while it was not a mount (by an older version)
+    // would be hidden under the bind: not while they exist.
     const std::vector<std::string> below = MountsBelow(root);
     if (!below.empty()) {
       return off(absl::StrCat(below.size(), " workspaces are mounted below ", root,
-                              " from before; the next start after they are gone fixes it"));
+                              " from before; the first start after they are gone changes it"));
     }
+    // Its propagation stays as it was: the containers' namespaces keep
+    // their own copies private (DropOtherWorkspaces).
     if (mount(root.c_str(), root.c_str(), nullptr, MS_BIND, nullptr) != 0) {
       return off(absl::StrCat("cannot bind-mount it onto itself: ", strerror(errno)));
     }
     made_root_mount_ = true;
   }
-  // Private (as containers/storage makes its graph root): the workspaces
-  // mounted below it propagate to no other mount namespace.
-  if (mount(nullptr, root.c_str(), nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
-    return off(absl::StrCat("cannot make it a private mount: ", strerror(errno)));
-  }
+  root_mount_ = root;
   own_mount_namespace_ = true;
 }
 
@@ -1530,12 +1531,14 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Start(const std::string&
   const std::string image = parts.dir + "/disk.img";
   if (disk) {
     struct stat st;
-    if (fresh || stat(image.c_str(), &st) != 0) {
+    // Only a new image is sure to be on no loop device yet.
+    const bool new_image = fresh || stat(image.c_str(), &st) != 0;
+    if (new_image) {
       absl::Status s = CreateDiskImage(image, limits.disk_bytes, limits.disk_inodes, uid);
       if (!s.ok()) return s;
     }
     if (!IsMountPoint(parts.workspace)) {
-      absl::Status s = MountDiskImage(image, parts.workspace);
+      absl::Status s = MountDiskImage(image, parts.workspace, new_image);
       if (!s.ok()) return s;
     }
     if (fresh) rmdir((parts.workspace + "/lost+found").c_str());
@@ -1598,7 +1601,7 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Start(const std::string&
   char path_env[] = "PATH=/usr/local/bin:/usr/bin:/bin";
   char* envp[] = {path_env, nullptr};
   const std::string ws = parts.workspace;
-  const std::string root = config_.workspace_root;
+  const std::string root = root_mount_;
   const bool none = config_.isolation == "none";
   const bool own_ns = own_mount_namespace_ && !none;
   // Claimed: the daemon's reaper of orphans never takes this child's status.
@@ -1623,7 +1626,7 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Start(const std::string&
     fcntl(3, F_SETFD, 0);
     if (seccomp_fd >= 0) fcntl(4, F_SETFD, 0);
     if (own_ns && !DropOtherWorkspaces(root.c_str(), ws.c_str())) {
-      static const char kMsg[] = "sandbox: cannot put the workspace back in its mount namespace\n";
+      static const char kMsg[] = "sandbox: cannot make the container's mount namespace\n";
       (void)!write(2, kMsg, sizeof(kMsg) - 1);
       _exit(126);
     }
@@ -1712,7 +1715,7 @@ absl::Status LocalProvider::ProbeEnforcement() {
       d = absl::FailedPreconditionError(absl::StrCat("cannot create ", dir));
     } else {
       d = CreateDiskImage(dir + "/img", 16 << 20, 1024, -1);
-      if (d.ok()) d = MountDiskImage(dir + "/img", dir + "/mnt");
+      if (d.ok()) d = MountDiskImage(dir + "/img", dir + "/mnt", true);
       (void)UnmountDisk(dir + "/mnt");
     }
     (void)RemoveTree(dir);
@@ -1805,7 +1808,21 @@ absl::Status LocalProvider::Probe() {
         {{"sandbox_id", id}, {"result", s.ok() ? std::string("ok") : std::string(s.message())}});
   }
   PrepareWorkspaceRoot();
-  if (absl::Status s = ProbeSandbox(); !s.ok()) {
+  absl::Status probed = ProbeSandbox();
+  if (!probed.ok() && own_mount_namespace_) {
+    // Something here refuses the namespace the containers start in: do
+    // without it rather than refuse to start.
+    own_mount_namespace_ = false;
+    Log(LogLevel::kWarning, "local.workspace_mounts_shared",
+        {{"workspace_root", root_mount_},
+         {"message",
+          absl::StrCat("a container in a mount namespace of its own failed (", probed.message(),
+                       "); new sandboxes start with every "
+                       "workspace mount in view, and creates slow down as "
+                       "sandboxes accumulate")}});
+    probed = ProbeSandbox();
+  }
+  if (absl::Status s = probed; !s.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("local: bubblewrap cannot create the sandbox container here (", s.message(),
                      "); enable unprivileged user namespaces, or set "

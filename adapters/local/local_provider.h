@@ -183,9 +183,10 @@ class LocalProvider final : public Provider {
   LocalEnforcement enforcement_;
   mutable std::atomic<int> runs_in_flight_{0};
   std::unique_ptr<CgroupFs> cgroups_;  // null when not enforced
-  // workspace_root is a private mount, and each new container drops the
-  // other workspaces from its mount namespace (PrepareWorkspaceRoot).
+  // Each new container drops the other workspaces from a mount namespace
+  // of its own; workspace_root, resolved, is a mount (PrepareWorkspaceRoot).
   bool own_mount_namespace_ = false;
+  std::string root_mount_;
   bool made_root_mount_ = false;  // this process bind-mounted workspace_root
 };
 
