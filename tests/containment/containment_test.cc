@@ -300,7 +300,9 @@ TEST_F(ContainmentTest, ProcIsMaskedAndProcSysIsReadOnly) {
          "echo b > /proc/sysrq-trigger 2>/dev/null && echo sysrq-writable || echo sysrq-ro");
   for (absl::string_view line : absl::StrSplit(r.output(), '\n', absl::SkipEmpty())) {
     std::vector<std::string> f = absl::StrSplit(line, ' ');
-    if (f.size() == 2) EXPECT_EQ(f[1], "0") << line;  // masked: reads nothing
+    if (f.size() == 2) {
+      EXPECT_EQ(f[1], "0") << line;  // masked: reads nothing
+    }
   }
   EXPECT_NE(r.output().find("keys 0"), std::string::npos) << r.output();
   EXPECT_NE(r.output().find("kallsyms 0"), std::string::npos) << r.output();

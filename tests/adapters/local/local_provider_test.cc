@@ -532,7 +532,7 @@ TEST(LocalProviderStartup, WorkspacesMountedFromBeforeStayInView) {
   if (geteuid() != 0) GTEST_SKIP() << "mounting needs root";
   TempDir dir;
   const std::string root = dir.path() + "/ws", old = root + "/local-old/workspace";
-  for (const std::string d : {root, root + "/local-old", old}) {
+  for (const std::string& d : {root, root + "/local-old", old}) {
     ASSERT_EQ(mkdir(d.c_str(), 0711), 0) << d;
   }
   ASSERT_EQ(mount("tmpfs", old.c_str(), "tmpfs", 0, "size=1m"), 0) << strerror(errno);
@@ -762,10 +762,10 @@ TEST(DiskImage, MountsBelowListsWhatIsMountedUnderADirectory) {
   char real[PATH_MAX];
   ASSERT_NE(realpath(t.path().c_str(), real), nullptr);
   const std::string r = std::string(real) + "/r";
-  for (const std::string d : {r, r + "/a", r + "/b c", std::string(real) + "/rr"}) {
+  for (const std::string& d : {r, r + "/a", r + "/b c", std::string(real) + "/rr"}) {
     ASSERT_EQ(mkdir(d.c_str(), 0700), 0) << d;
   }
-  for (const std::string d : {r + "/a", r + "/b c", std::string(real) + "/rr"}) {
+  for (const std::string& d : {r + "/a", r + "/b c", std::string(real) + "/rr"}) {
     ASSERT_EQ(mount("tmpfs", d.c_str(), "tmpfs", 0, "size=1m"), 0) << strerror(errno);
   }
   std::vector<std::string> got = MountsBelow(t.path() + "/r");
