@@ -443,8 +443,13 @@ class LocalSandbox final : public Sandbox {
     const bool none = cfg.isolation == "none";
     if (cwd.empty()) cwd = none ? p_.workspace : cfg.mount_point;
     const std::string home = none ? p_.workspace : cfg.mount_point;
-    std::map<std::string, std::string> env = {
-        {"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", home}, {"LANG", "C.UTF-8"}};
+    // SHELL as login(1) sets it: without it every bash looks its user up
+    // (the sandbox's uid has no passwd entry, so NSS loads and asks
+    // libnss_systemd too), 0.6 of the 2.7 ms a `bash -c` takes to start.
+    std::map<std::string, std::string> env = {{"PATH", "/usr/local/bin:/usr/bin:/bin"},
+                                              {"HOME", home},
+                                              {"LANG", "C.UTF-8"},
+                                              {"SHELL", "/bin/bash"}};
     if (!cfg.user_name.empty()) env["USER"] = cfg.user_name;
     for (const auto& [k, v] : env_) env[k] = v;
     for (const auto& [k, v] : request.env) {

@@ -90,11 +90,15 @@ TEST_F(LocalProviderTest, ShellScriptsOfAnySizeRun) {
   EXPECT_EQ(large.exit_code, 3);
 }
 
-TEST_F(LocalProviderTest, EnvironmentIsClearedButForPathHomeLangAndTheRequest) {
+TEST_F(LocalProviderTest, EnvironmentIsClearedButForPathHomeLangShellAndTheRequest) {
   setenv("E2B_API_KEY", "e2b_sekrit_host_key", 1);
   ExecResult r = Exec(Language::kShell, "env | sort", absl::Seconds(30), {{"MY_VAR", "v1"}});
   EXPECT_NE(r.output.find("MY_VAR=v1\n"), std::string::npos);
   EXPECT_NE(r.output.find("HOME=/workspace\n"), std::string::npos);
+  EXPECT_NE(r.output.find("SHELL=/bin/bash\n"), std::string::npos);
+  // With SHELL set bash does not look its user up: no NSS module (such as
+  // libnss_systemd, where nsswitch.conf names it) is loaded into it.
+  EXPECT_EQ(Exec(Language::kShell, "true; grep -c libnss_ /proc/$$/maps").output, "0\n");
   EXPECT_EQ(r.output.find("sekrit"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("E2B_API_KEY"), std::string::npos);
 }
