@@ -94,6 +94,11 @@ EventLoop::TimerId EventLoop::After(absl::Duration delay, Callback cb) {
   return id;
 }
 
+absl::Duration EventLoop::UntilNextTick(absl::Duration period) {
+  const int64_t p = std::max<int64_t>(1, absl::ToInt64Nanoseconds(period));
+  return absl::Nanoseconds(p - NowNanos() % p);
+}
+
 bool EventLoop::Cancel(TimerId id) {
   absl::MutexLock l(&mu_);
   auto it = timer_due_.find(id);

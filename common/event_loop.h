@@ -50,6 +50,10 @@ class EventLoop {
   // Calls `cb` once, `delay` from now (real monotonic time). Returns an id
   // for Cancel.
   TimerId After(absl::Duration delay, Callback cb);
+  // The time from now to the next multiple of `period` on the loops' clock.
+  // Periodic checks that wait this long instead of `period` fire together
+  // (one wakeup for all of them, not one per check).
+  static absl::Duration UntilNextTick(absl::Duration period);
   // False if the timer already ran or was cancelled.
   bool Cancel(TimerId id);
   // Calls `cb` on the loop thread as soon as possible.

@@ -697,6 +697,31 @@ TEST(EventLoopTest, TimersRunInDueOrderAndCancelledOnesNever) {
   EXPECT_EQ(ran, (std::vector<int>{1, 2, 3}));
 }
 
+// A check that waits UntilNextTick fires on a multiple of the period of the
+// loops' (steady) clock, whenever it was scheduled: all such checks share a
+// wakeup.
+TEST(EventLoopTest, UntilNextTickLandsOnAMultipleOfThePeriod) {
+  auto now = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+  for (absl::Duration period : {absl::Seconds(1), absl::Hours(1)}) {
+    const int64_t p = absl::ToInt64Nanoseconds(period);
+    const int64_t before = now();
+    const absl::Duration d = EventLoop::UntilNextTick(period);
+    const int64_t after = now();
+    EXPECT_GT(d, absl::ZeroDuration());
+    EXPECT_LE(d, period);
+    // The due time is (the call's now) + d, between these two.
+    const int64_t lo = before + absl::ToInt64Nanoseconds(d);
+    const int64_t hi = after + absl::ToInt64Nanoseconds(d);
+    const int64_t tick = hi / p * p;
+    EXPECT_GE(tick, lo) << absl::FormatDuration(period);
+    EXPECT_LE(tick, hi);
+  }
+}
+
 TEST(EventLoopTest, WatchesAPipeUntilUnwatched) {
   EventLoop loop;
   int p[2];
