@@ -48,6 +48,7 @@
 #include <unistd.h>
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -364,7 +365,10 @@ int main() {
   // Ready: the broker learns our host pid from the credentials it receives.
   if (send(kCtlFd, "R", 1, MSG_NOSIGNAL) != 1) return 1;
 
-  std::vector<char> buf(kMaxMsg);
+  // Not zeroed: only the pages messages reach become resident. A megabyte
+  // of touched memory here made every run's fork copy and write-protect
+  // 256 page table entries, then fault on them and tear them down at exec.
+  std::unique_ptr<char[]> buf(new char[kMaxMsg]);
   while (true) {
     std::vector<struct pollfd> pfds = {{kCtlFd, POLLIN, 0}, {sfd, POLLIN, 0}};
     for (const auto& [sock, pid] : g_run_socks) pfds.push_back({sock, POLLIN, 0});
@@ -392,14 +396,14 @@ int main() {
     if (pfds[0].revents) {
       int fds[kMaxFds];
       int nfds = 0;
-      ssize_t n = RecvWithFds(kCtlFd, buf.data(), buf.size(), fds, &nfds, MSG_DONTWAIT);
+      ssize_t n = RecvWithFds(kCtlFd, buf.get(), kMaxMsg, fds, &nfds, MSG_DONTWAIT);
       if (n == 0 || (n == -1 && errno != EINTR && errno != EAGAIN)) return 0;  // broker gone
       if (n < 0) continue;
-      if (strcmp(buf.data(), "spare") == 0) {
-        StartSpare(buf.data(), static_cast<size_t>(n), fds, nfds);
+      if (strcmp(buf.get(), "spare") == 0) {
+        StartSpare(buf.get(), static_cast<size_t>(n), fds, nfds);
         continue;
       }
-      StartRun(buf.data(), static_cast<size_t>(n), fds, nfds);
+      StartRun(buf.get(), static_cast<size_t>(n), fds, nfds);
     }
   }
 }
