@@ -20,7 +20,14 @@
 // machine's own floor: N `bash -c CODE` (or `bash -l -c CODE`, what E2B's
 // SDK sends) started at once straight on the host, no broker, no sandbox,
 // no provider; p50 is reported beside the broker's and as a ratio to it.
+// It also reports what one process start costs on this machine (200
+// `/bin/true` in a row) and, on x86-64, one `cpuid` instruction: in a
+// nested VM each one exits to the hypervisor, and glibc's start-up in every
+// exec runs about a hundred of them (its cache and feature probes).
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <spawn.h>
@@ -88,6 +95,39 @@ std::vector<double> SpawnAll(int n, const std::vector<std::string>& args, const 
   if (started < n) ms.clear();
   std::sort(ms.begin(), ms.end());
   return ms;
+}
+
+// One process start on this machine: median ms of 200 `/bin/true` started
+// and waited for one after another.
+double ExecCostMs() {
+  char* argv[] = {const_cast<char*>("/bin/true"), nullptr};
+  char* envp[] = {nullptr};
+  std::vector<double> ms;
+  for (int i = 0; i < 200; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pid_t pid;
+    int status;
+    if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv, envp) != 0) return 0;
+    if (waitpid(pid, &status, 0) != pid) return 0;
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// One `cpuid` instruction in microseconds (0 where there is none).
+double CpuidCostUs() {
+#if defined(__x86_64__)
+  constexpr int kN = 2000;
+  unsigned a, b, c, d;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kN; ++i) __cpuid_count(4, i & 3, a, b, c, d);  // asm volatile: never elided
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+         kN;
+#else
+  return 0;
+#endif
 }
 
 std::string Flag(int argc, char** argv, const std::string& name, const std::string& def) {
@@ -391,6 +431,10 @@ int main(int argc, char** argv) {
                 f[std::min(f.size() - 1, size_t(0.99 * f.size()))]);
     if (baseline_ms > 0) std::printf(" (%.3fx)", f50 / baseline_ms);
     std::printf("; broker p50 / floor p50 = %.3fx\n", pct(0.5) / f50);
+    std::printf("  this machine: a process start (/bin/true, 200 in a row) %.2f ms", ExecCostMs());
+    const double cpuid_us = CpuidCostUs();
+    if (cpuid_us > 0) std::printf("; one cpuid %.2f us", cpuid_us);
+    std::printf("\n");
   }
   return errors == 0 ? 0 : 1;
 }
