@@ -78,9 +78,11 @@ struct LocalConfig {
   int64_t max_transfer_bytes = int64_t{16} << 20;
   // Extra host paths made visible read-only at the same place.
   std::vector<std::string> extra_ro_paths;
-  // If set, code runs as this user (uid/gid 1000 inside the sandbox, with
-  // matching /etc/passwd and /etc/group entries, home = mount_point), as in
-  // cloud sandbox images (E2B's "user", Daytona's "daytona").
+  // If set, code runs as this user (uid/gid 1000 inside the sandbox, home =
+  // mount_point), as in cloud sandbox images (E2B's "user", Daytona's
+  // "daytona"); if not, as "sandbox" with the sandbox's own uid. Either way
+  // the sandbox's /etc/passwd and /etc/group hold root, that user and
+  // nobody, none of the host's accounts.
   std::string user_name;
   // Retired: /tmp now always lasts the sandbox's life (one container per
   // session). Accepted for old configs.
@@ -169,7 +171,7 @@ class LocalProvider final : public Provider {
   void PrepareWorkspaceRoot();
   absl::StatusOr<std::unique_ptr<Sandbox>> Start(const std::string& id, const SandboxSpec& spec,
                                                  bool fresh);
-  std::vector<std::string> ContainerArgs(const std::string& workspace,
+  std::vector<std::string> ContainerArgs(const std::string& dir, const std::string& workspace,
                                          const LocalLimits& limits) const;
 
   const LocalConfig config_;

@@ -103,6 +103,20 @@ TEST_F(LocalProviderTest, EnvironmentIsClearedButForPathHomeLangShellAndTheReque
   EXPECT_EQ(r.output.find("E2B_API_KEY"), std::string::npos);
 }
 
+// Code has an account of its own (whoami, getpass and os.userInfo work, as
+// in a cloud sandbox), and the host's accounts are not listed.
+TEST_F(LocalProviderTest, CodeRunsAsAUserOfItsOwnAndSeesNoHostAccounts) {
+  ExecResult r = Exec(Language::kShell,
+                      "whoami; id -un; id -gn; getent passwd | cut -d: -f1 | tr '\\n' ' '; echo;"
+                      " getent group | cut -d: -f1 | tr '\\n' ' '; echo;"
+                      " getent passwd $(id -u) | cut -d: -f6");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output,
+            "sandbox\nsandbox\nsandbox\nroot sandbox nobody \nroot sandbox nogroup \n/workspace\n");
+  EXPECT_EQ(Exec(Language::kPython, "import getpass; print(getpass.getuser())").output,
+            "sandbox\n");
+}
+
 TEST_F(LocalProviderTest, HostFilesAndProcessesAreInvisible) {
   std::string secret_file = dir_.path() + "/broker-config.json";
   std::ofstream(secret_file) << "{\"api_key\": \"sekrit\"}";
