@@ -254,12 +254,14 @@ TEST_F(OperatorsTest, TenantResourceCapBoundsTheProviderDefault) {
   // The cap is what the sandbox's cgroup enforces (where cgroups are on).
   g.set_session_id("capped");
   ASSERT_TRUE(stub_->GetSession(Ctx(kAlpha).get(), g, &alpha).ok());
-  for (const std::string f :
+  for (const std::string& f :
        {"/sys/fs/cgroup/sandbox-broker/" + alpha.sandbox_id() + "/memory.max",
         "/sys/fs/cgroup/memory/sandbox-broker/" + alpha.sandbox_id() + "/memory.limit_in_bytes"}) {
     std::ifstream in(f);
     int64_t limit = -1;
-    if (in >> limit) EXPECT_EQ(limit, 256 << 20) << f;
+    if (in >> limit) {
+      EXPECT_EQ(limit, 256 << 20) << f;
+    }
   }
   // A restart keeps the cap: the session's row carries the ceiling it was
   // created under, so the adopted sandbox gets the same limits, not the
