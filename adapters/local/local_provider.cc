@@ -124,11 +124,11 @@ bool DropOtherWorkspaces(const char* root, const char* ws) {
 // /etc entries programs need; the rest of /etc (and every config file of
 // the broker) stays invisible.
 const char* const kEtcAllowList[] = {
-    "alternatives", "ld.so.cache",    "ld.so.conf",   "ld.so.conf.d",    "nsswitch.conf",
-    "localtime",    "timezone",       "ssl",          "ca-certificates", "mime.types",
-    "hosts",        "host.conf",      "bash.bashrc",  "profile",         "inputrc",
-    "terminfo",     "magic",          "locale.alias", "locale.gen",      "python3",
-    "python3.11",   "debian_version", "os-release",   "protocols",       "services"};
+    "alternatives",   "ld.so.cache",  "ld.so.conf",      "ld.so.conf.d", "localtime",
+    "timezone",       "ssl",          "ca-certificates", "mime.types",   "hosts",
+    "host.conf",      "bash.bashrc",  "profile",         "inputrc",      "terminfo",
+    "magic",          "locale.alias", "locale.gen",      "python3",      "python3.11",
+    "debian_version", "os-release",   "protocols",       "services"};
 
 const char* const kTopLevelDirs[] = {"bin", "sbin", "lib", "lib32", "lib64", "libx32"};
 
@@ -271,28 +271,45 @@ absl::Status WriteOwnerMarker(const std::string& root, const std::string& id,
   return absl::OkStatus();
 }
 
-// The sandbox's own /etc/passwd and /etc/group, in its directory: root, the
-// user code runs as (`name`, `uid`, home `home`) and nobody; none of the
-// host's accounts. Without an entry for its uid, `whoami`, Python's
-// getpass.getuser() and Node's os.userInfo() fail.
+// The sandbox's own /etc/passwd, /etc/group and /etc/nsswitch.conf, in its
+// directory: root, the user code runs as (`name`, `uid`, home `home`) and
+// nobody, looked up in those files only; none of the host's accounts, from
+// files or from NSS modules such as systemd's. Without an entry for its uid,
+// `whoami`, Python's getpass.getuser() and Node's os.userInfo() fail. Each
+// file is replaced by rename(): a container still running from an earlier
+// start keeps the copy it has bind-mounted, never a half-written one.
 absl::Status WriteAccountFiles(const std::string& dir, const std::string& name, uint32_t uid,
                                uint32_t gid, const std::string& home) {
-  const std::string passwd = absl::StrCat("root:x:0:0:root:/root:/bin/bash\n", name, ":x:", uid,
-                                          ":", gid, ":", name, ":", home,
-                                          ":/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:"
-                                          "/usr/sbin/nologin\n");
-  const std::string group = absl::StrCat("root:x:0:\n", name, ":x:", gid, ":\nnogroup:x:65534:\n");
-  for (const auto& [file, text] : {std::pair<const char*, const std::string&>{"passwd", passwd},
-                                   std::pair<const char*, const std::string&>{"group", group}}) {
+  // The user's own line first, and no root or nobody line with its id
+  // (a broker run as a random uid with gid 0, or as nobody).
+  std::string passwd =
+      absl::StrCat(name, ":x:", uid, ":", gid, ":", name, ":", home, ":/bin/bash\n");
+  if (uid != 0) passwd += "root:x:0:0:root:/root:/bin/bash\n";
+  if (uid != 65534) passwd += "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
+  std::string group = absl::StrCat(name, ":x:", gid, ":\n");
+  if (gid != 0) group += "root:x:0:\n";
+  if (gid != 65534) group += "nogroup:x:65534:\n";
+  const std::string nsswitch =
+      "passwd: files\ngroup: files\nshadow: files\ngshadow: files\nhosts: files dns\n"
+      "networks: files\nprotocols: files\nservices: files\nethers: files\nrpc: files\n";
+  for (const auto& [file, text] :
+       {std::pair<const char*, const std::string&>{"passwd", passwd},
+        std::pair<const char*, const std::string&>{"group", group},
+        std::pair<const char*, const std::string&>{"nsswitch.conf", nsswitch}}) {
     const std::string path = absl::StrCat(dir, "/", file);
-    int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    const std::string tmp = path + ".new";
+    unlink(tmp.c_str());
+    int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) {
-      return absl::InternalError(absl::StrCat("local: create ", path, ": ", strerror(errno)));
+      return absl::InternalError(absl::StrCat("local: create ", tmp, ": ", strerror(errno)));
     }
     const bool written = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
     fchmod(fd, 0644);
     close(fd);
-    if (!written) return absl::InternalError(absl::StrCat("local: write ", path));
+    if (!written || rename(tmp.c_str(), path.c_str()) != 0) {
+      unlink(tmp.c_str());
+      return absl::InternalError(absl::StrCat("local: write ", path));
+    }
   }
   return absl::OkStatus();
 }
@@ -1393,8 +1410,9 @@ std::vector<std::string> LocalProvider::ContainerArgs(const std::string& dir,
       "--hostname",       "sandbox"};
   a.insert(a.end(), system_args_.begin(), system_args_.end());
   a.insert(a.end(), user_args_.begin(), user_args_.end());
-  a.insert(a.end(), {"--ro-bind", dir + "/passwd", "/etc/passwd", "--ro-bind", dir + "/group",
-                     "/etc/group", "--proc", "/proc"});
+  a.insert(a.end(),
+           {"--ro-bind", dir + "/passwd", "/etc/passwd", "--ro-bind", dir + "/group", "/etc/group",
+            "--ro-bind", dir + "/nsswitch.conf", "/etc/nsswitch.conf", "--proc", "/proc"});
   a.insert(a.end(), proc_masks_.begin(), proc_masks_.end());
   a.insert(a.end(), {"--dev", "/dev"});
   // /tmp and /dev/shm: tmpfs whose pages count against the memory limit;
@@ -1875,6 +1893,11 @@ absl::StatusOr<std::unique_ptr<LocalProvider>> LocalProvider::Create(LocalConfig
   if (config.workspace_root.empty()) config.workspace_root = DefaultWorkspaceRoot();
   if (config.init_path.empty()) config.init_path = DefaultInitPath();
   RETURN_IF_ERROR(MakeDirs(config.workspace_root, 0711));
+  // Left by versions that shared one passwd and group among sandboxes.
+  for (const char* f : {"/.etc/passwd", "/.etc/group"}) {
+    unlink((config.workspace_root + f).c_str());
+  }
+  rmdir((config.workspace_root + "/.etc").c_str());
   std::shared_ptr<UidPool> uids;
   if (geteuid() == 0 && config.isolation == "bwrap") {
     uids = std::make_shared<UidPool>(config.uid_base, config.uid_count);

@@ -152,6 +152,8 @@ class LocalProvider final : public Provider {
 
   // Arguments that wrap `command` in the sandbox (bwrap options included);
   // exposed for benchmarks that run the same invocation without the broker.
+  // Unlike a container it binds no /etc/passwd, /etc/group or nsswitch.conf
+  // (a container's are written into its sandbox's directory).
   std::vector<std::string> WrapCommand(const std::string& workspace,
                                        const std::vector<std::string>& command,
                                        const std::string& tmp_dir = "",

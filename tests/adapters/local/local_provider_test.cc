@@ -106,13 +106,16 @@ TEST_F(LocalProviderTest, EnvironmentIsClearedButForPathHomeLangShellAndTheReque
 // Code has an account of its own (whoami, getpass and os.userInfo work, as
 // in a cloud sandbox), and the host's accounts are not listed.
 TEST_F(LocalProviderTest, CodeRunsAsAUserOfItsOwnAndSeesNoHostAccounts) {
+  // Looked up in the sandbox's own files only, whatever the host's
+  // nsswitch.conf names.
+  EXPECT_EQ(Exec(Language::kShell, "grep '^passwd:' /etc/nsswitch.conf").output, "passwd: files\n");
   ExecResult r = Exec(Language::kShell,
                       "whoami; id -un; id -gn; getent passwd | cut -d: -f1 | tr '\\n' ' '; echo;"
                       " getent group | cut -d: -f1 | tr '\\n' ' '; echo;"
                       " getent passwd $(id -u) | cut -d: -f6");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output,
-            "sandbox\nsandbox\nsandbox\nroot sandbox nobody \nroot sandbox nogroup \n/workspace\n");
+            "sandbox\nsandbox\nsandbox\nsandbox root nobody \nsandbox root nogroup \n/workspace\n");
   EXPECT_EQ(Exec(Language::kPython, "import getpass; print(getpass.getuser())").output,
             "sandbox\n");
 }
