@@ -523,10 +523,18 @@ absl::StatusOr<std::string> DaytonaProvider::CreateBody(const SandboxSpec& spec)
         "and disk only)");
   }
   constexpr int64_t kGiB = int64_t{1} << 30;
+  // Whole CPUs as an integer Daytona can read: a count past int32 is no
+  // request any server grants (and would not convert).
+  constexpr double kMaxCpus = 1 << 20;
+  if (spec.resources.cpus > kMaxCpus) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("daytona: resources.cpus ", spec.resources.cpus, " is over ", kMaxCpus));
+  }
   if (spec.resources.cpus > 0) p.cpu = static_cast<int64_t>(std::ceil(spec.resources.cpus));
-  if (spec.resources.memory_bytes > 0)
-    p.memory_gib = (spec.resources.memory_bytes + kGiB - 1) / kGiB;
-  if (spec.resources.disk_bytes > 0) p.disk_gib = (spec.resources.disk_bytes + kGiB - 1) / kGiB;
+  // Rounded up without the overflow of (bytes + kGiB - 1).
+  const auto gib = [](int64_t bytes) { return bytes / kGiB + (bytes % kGiB != 0 ? 1 : 0); };
+  if (spec.resources.memory_bytes > 0) p.memory_gib = gib(spec.resources.memory_bytes);
+  if (spec.resources.disk_bytes > 0) p.disk_gib = gib(spec.resources.disk_bytes);
   return daytona::CreateSandboxBody(p);
 }
 
@@ -779,10 +787,13 @@ absl::StatusOr<std::vector<OwnedSandbox>> DaytonaProvider::ListOwned(
         }
       }
       if (l[kDeploymentTag] != deployment_id) continue;  // never another deployment's
-      const std::string state = item.value("state", "");
+      const auto st = item.find("state");
+      const std::string state =
+          st != item.end() && st->is_string() ? st->get<std::string>() : std::string();
       if (state == "destroyed" || state == "destroying") continue;
-      const std::string created =
-          item.contains("createdAt") && item["createdAt"].is_string() ? item["createdAt"] : "";
+      const std::string created = item.contains("createdAt") && item["createdAt"].is_string()
+                                      ? item["createdAt"].get<std::string>()
+                                      : std::string();
       OwnedSandbox o = OwnedFromTags(item["id"].get<std::string>(), l, created);
       out.push_back(std::move(o));
     }

@@ -1,5 +1,7 @@
 #include "adapters/daytona/daytona_wire.h"
 
+#include <cstdint>
+
 #include "absl/strings/str_cat.h"
 #include "adapters/http/http_client.h"
 #include "common/text.h"
@@ -77,7 +79,15 @@ absl::StatusOr<ExecuteResult> ParseExecuteResult(absl::string_view text) {
   ExecuteResult r;
   auto code = j.find("exitCode");
   if (code == j.end() || !code->is_number_integer()) code = j.find("code");
-  if (code != j.end() && code->is_number_integer()) r.exit_code = code->get<int>();
+  // No exit code is no result: reporting 0 would call a failure a success.
+  if (code == j.end() || !code->is_number_integer()) {
+    return absl::UnavailableError("daytona: execute response has no integer exitCode");
+  }
+  const int64_t exit_code = code->get<int64_t>();
+  if (exit_code < INT32_MIN || exit_code > INT32_MAX) {
+    return absl::UnavailableError("daytona: execute response's exitCode is out of range");
+  }
+  r.exit_code = static_cast<int>(exit_code);
   auto res = j.find("result");
   if (res != j.end() && res->is_string()) r.result = res->get<std::string>();
   return r;

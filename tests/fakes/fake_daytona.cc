@@ -40,6 +40,7 @@ struct Box {
   std::string state = "started";
   int64_t auto_stop = 15;    // minutes, 0 = disabled
   int64_t auto_delete = -1;  // minutes, <0 = disabled, 0 = on stop
+  int64_t cpu = 1, memory = 1, disk = 3;  // as asked for (CPUs, GiB, GiB), else these
   absl::Time created_wall;
   absl::Time last_activity;  // monotonic
   absl::Time stopped_at;     // monotonic
@@ -195,6 +196,12 @@ class FakeDaytona::Impl {
     auto it = boxes_.find(id);
     return it == boxes_.end() ? "" : it->second->state;
   }
+  std::map<std::string, int64_t> Resources(const std::string& id) const {
+    absl::MutexLock l(&mu_);
+    auto it = boxes_.find(id);
+    if (it == boxes_.end()) return {};
+    return {{"cpu", it->second->cpu}, {"memory", it->second->memory}, {"disk", it->second->disk}};
+  }
   int64_t AutoStop(const std::string& id) const {
     absl::MutexLock l(&mu_);
     auto it = boxes_.find(id);
@@ -244,10 +251,10 @@ class FakeDaytona::Impl {
             {"public", false},
             {"networkBlockAll", false},
             {"target", b.target},
-            {"cpu", 1},
+            {"cpu", b.cpu},
             {"gpu", 0},
-            {"memory", 1},
-            {"disk", 3},
+            {"memory", b.memory},
+            {"disk", b.disk},
             {"state", b.state},
             {"desiredState", b.state == "started" || b.state == "starting" ? "started" : b.state},
             {"backupState", "None"},
@@ -302,6 +309,15 @@ class FakeDaytona::Impl {
       if (body.contains("autoStopInterval") && body["autoStopInterval"].is_number_integer()) {
         b->auto_stop = body["autoStopInterval"].get<int64_t>();
         if (b->auto_stop < 0) return ApiError(res, 400, "autoStopInterval must not be negative");
+      }
+      for (auto [key, field] : {std::pair<const char*, int64_t*>{"cpu", &b->cpu},
+                                {"memory", &b->memory},
+                                {"disk", &b->disk}}) {
+        if (!body.contains(key)) continue;
+        if (!body[key].is_number_integer() || body[key].get<int64_t>() <= 0) {
+          return ApiError(res, 400, absl::StrCat(key, " must be a positive integer"));
+        }
+        *field = body[key].get<int64_t>();
       }
       if (body.contains("autoDeleteInterval") && body["autoDeleteInterval"].is_number_integer()) {
         b->auto_delete = body["autoDeleteInterval"].get<int64_t>();
@@ -660,5 +676,8 @@ std::map<std::string, std::string> FakeDaytona::labels(const std::string& id) co
 }
 std::string FakeDaytona::state(const std::string& id) const { return impl_->State(id); }
 int64_t FakeDaytona::auto_stop_minutes(const std::string& id) const { return impl_->AutoStop(id); }
+std::map<std::string, int64_t> FakeDaytona::resources(const std::string& id) const {
+  return impl_->Resources(id);
+}
 
 }  // namespace sandbox

@@ -50,6 +50,8 @@ class FakeDaytona {
   // "started", "stopped", ... or "" when deleted.
   std::string state(const std::string& id) const;
   int64_t auto_stop_minutes(const std::string& id) const;
+  // {"cpu", "memory", "disk"} as created (CPUs, GiB, GiB); empty when gone.
+  std::map<std::string, int64_t> resources(const std::string& id) const;
 
   class Impl;
 

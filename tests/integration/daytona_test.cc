@@ -165,6 +165,30 @@ TEST_F(DaytonaTest, ProviderErrorsMapToCodesWithTheProvidersMessage) {
   EXPECT_EQ(sb->Shell("echo fine")->output(), "fine\n");
 }
 
+TEST_F(DaytonaTest, ResourcesRoundUpToWholeUnitsAndOutOfRangeOnesAreRefused) {
+  pb::SessionSpec spec;
+  spec.mutable_resources()->set_cpus(1.5);
+  spec.mutable_resources()->set_memory_bytes((int64_t{1} << 30) + 1);
+  auto info = Client("dtn-res", "token-alpha-123", spec)->Start();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(fake_->resources(info->sandbox_id()),
+            (std::map<std::string, int64_t>{{"cpu", 2}, {"memory", 2}, {"disk", 3}}));
+  // The largest byte count rounds up without overflowing into "no size".
+  pb::SessionSpec huge;
+  huge.mutable_resources()->set_memory_bytes(INT64_MAX);
+  huge.mutable_resources()->set_disk_bytes(INT64_MAX);
+  auto big = Client("dtn-huge", "token-alpha-123", huge)->Start();
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(fake_->resources(big->sandbox_id()).at("memory"), int64_t{1} << 33);
+  EXPECT_EQ(fake_->resources(big->sandbox_id()).at("disk"), int64_t{1} << 33);
+  // A CPU count no integer holds is an error, not a silent default.
+  pb::SessionSpec cpus;
+  cpus.mutable_resources()->set_cpus(1e300);
+  auto refused = Client("dtn-cpus", "token-alpha-123", cpus)->Start();
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_NE(refused.status().message().find("resources.cpus"), std::string::npos);
+}
+
 TEST_F(DaytonaTest, AVanishedSandboxIsReportedAndRecreated) {
   auto sb = Client("dtn-gone");
   auto info = sb->Start();

@@ -42,6 +42,10 @@ TEST(DaytonaWire, ToolboxBodiesMatchTheSdkCaptures) {
   EXPECT_EQ(r->result, "out\n");
   EXPECT_EQ(ParseExecuteResult(R"j({"code":-1,"result":""})j")->exit_code, -1);
   EXPECT_FALSE(ParseExecuteResult("oops").ok());
+  // A reply without an integer exit code is not a success with no output.
+  EXPECT_EQ(ParseExecuteResult("{}").status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(ParseExecuteResult(R"j({"exitCode":"0","result":""})j").ok());
+  EXPECT_FALSE(ParseExecuteResult(R"j({"exitCode":4294967296,"result":""})j").ok());
 }
 
 TEST(DaytonaWire, SandboxDto) {
