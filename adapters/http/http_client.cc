@@ -31,12 +31,28 @@ struct Transfer {
   HttpResponse* response;
   bool aborted_by_body = false;
   bool too_large = false;
+  int status = 0;               // from the last status line seen
+  bool error_body_cut = false;  // an error status's body reached kErrorBodyBytes
 };
+
+// How much of a non-2xx body a streamed request keeps for the error.
+constexpr size_t kErrorBodyBytes = 64 << 10;
+
+bool Success(int status) { return status >= 200 && status < 300; }
 
 size_t OnData(char* ptr, size_t size, size_t nmemb, void* userdata) {
   auto* t = static_cast<Transfer*>(userdata);
   const size_t n = size * nmemb;
-  if (t->request->on_body) {
+  if (t->request->on_body && !Success(t->status)) {
+    // An error answer is no stream: collected (bounded) for the caller to
+    // read the status and the provider's message, never fed to on_body.
+    const size_t room = kErrorBodyBytes - std::min(kErrorBodyBytes, t->response->body.size());
+    t->response->body.append(ptr, std::min(n, room));
+    if (n > room) {
+      t->error_body_cut = true;
+      return 0;  // aborts with CURLE_WRITE_ERROR: enough to word the error
+    }
+  } else if (t->request->on_body) {
     if (!t->request->on_body(absl::string_view(ptr, n))) {
       t->aborted_by_body = true;
       return 0;  // aborts with CURLE_WRITE_ERROR
@@ -57,6 +73,11 @@ size_t OnHeader(char* ptr, size_t size, size_t nmemb, void* userdata) {
   absl::string_view line(ptr, n);
   if (absl::StartsWith(line, "HTTP/")) {
     t->response->headers.clear();  // a new response (after 100-continue, redirects)
+    // "HTTP/1.1 502 Bad Gateway", "HTTP/2 200"
+    std::vector<absl::string_view> parts =
+        absl::StrSplit(absl::StripAsciiWhitespace(line), ' ', absl::SkipEmpty());
+    int code = 0;
+    t->status = parts.size() >= 2 && absl::SimpleAtoi(parts[1], &code) ? code : 0;
     return n;
   }
   size_t colon = line.find(':');
@@ -211,9 +232,40 @@ struct curl_slist* Setup(CURL* curl, const HttpRequest& request, Transfer* t,
   return headers;
 }
 
+// A request header that carries a credential.
+bool SecretHeader(absl::string_view name) {
+  const std::string n = absl::AsciiStrToLower(name);
+  return n == "authorization" || n == "proxy-authorization" || n == "cookie" ||
+         absl::StrContains(n, "key") || absl::StrContains(n, "token") ||
+         absl::StrContains(n, "secret");
+}
+
+// An error body goes into errors and logs: a server (or a proxy before it)
+// that echoes the request must not make them carry its credentials.
+void RedactSecrets(const HttpRequest& request, std::string* body) {
+  for (const auto& [name, value] : request.headers) {
+    if (!SecretHeader(name)) continue;
+    std::vector<absl::string_view> secrets = {value};
+    // "Bearer <token>": the token alone may be echoed too.
+    if (size_t sp = value.find(' '); sp != std::string::npos) {
+      secrets.push_back(absl::string_view(value).substr(sp + 1));
+    }
+    for (absl::string_view secret : secrets) {
+      if (secret.size() < 4) continue;  // too short to tell from other text
+      size_t at = 0;
+      while ((at = body->find(secret.data(), at, secret.size())) != std::string::npos) {
+        body->replace(at, secret.size(), "[redacted]");
+        at += 10;
+      }
+    }
+  }
+}
+
 absl::StatusOr<HttpResponse> Result(CURLcode rc, const Transfer& t, const HttpRequest& request,
                                     HttpResponse response) {
+  if (!Success(response.status)) RedactSecrets(request, &response.body);
   if (rc == CURLE_OK) return response;
+  if (rc == CURLE_WRITE_ERROR && t.error_body_cut) return response;  // its first kErrorBodyBytes
   if (rc == CURLE_ABORTED_BY_CALLBACK || (rc == CURLE_WRITE_ERROR && t.aborted_by_body)) {
     return absl::CancelledError("http: transfer stopped");
   }

@@ -26,8 +26,10 @@ struct HttpRequest {
   std::string body;
   // The whole exchange, including a streamed body. Zero = no limit.
   absl::Duration timeout = absl::Seconds(60);
-  // Streamed response: called with each piece of the body as it arrives
-  // instead of collecting it; return false to abort the transfer.
+  // Streamed response: called with each piece of a 2xx response's body as
+  // it arrives instead of collecting it; return false to abort the transfer.
+  // Any other status's body is collected in HttpResponse::body instead (its
+  // first 64 KiB), for the caller to word the error.
   std::function<bool(absl::string_view)> on_body;
   // Polled during the transfer; true aborts it (CANCELLED).
   std::function<bool()> cancelled;
@@ -45,7 +47,11 @@ struct HttpResponse {
   int status = 0;
   // Lower-case names.
   std::multimap<std::string, std::string> headers;
-  std::string body;  // empty when on_body was given
+  // Empty when on_body was given and the status is 2xx. Not 2xx: the values
+  // of the request's credential headers (Authorization, *key*, *token*,
+  // *secret*, Cookie) are replaced by "[redacted]", since error bodies end
+  // up in errors and logs.
+  std::string body;
 
   // The first value of a header (name in lower case), or "".
   std::string Header(const std::string& name) const;

@@ -143,6 +143,16 @@ TEST_F(E2BTest, AVanishedSandboxIsReportedAndTheSessionRecreated) {
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->output(), "2\n");
   EXPECT_NE(sb->Info()->sandbox_id(), info->sandbox_id());
+  // Gone again right after a run: no timeout extension is due, so the run
+  // itself meets envd's 502, and it says the same (not "malformed stream").
+  const std::string second = sb->Info()->sandbox_id();
+  ASSERT_TRUE(fake_->Vanish(second));
+  auto r2 = sb->Run("print(3)");
+  EXPECT_EQ(r2.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(r2.status().message().find("no longer exists"), std::string::npos) << r2.status();
+  auto third = sb->Run("print(4)");
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_NE(sb->Info()->sandbox_id(), second);
 }
 
 TEST_F(E2BTest, RateLimitsAreRetriedLikeTheSdk) {

@@ -40,6 +40,20 @@ TEST(HttpClient, ReusesOneConnectionAndStreamsBodies) {
     res.set_header("X-Seen", req.get_header_value("X-Test"));
     res.set_content(req.body, "application/octet-stream");
   });
+  server.Post("/gone", [](const httplib::Request& req, httplib::Response& res) {
+    res.status = 502;
+    // A big error body: its first 64 KiB are kept, the rest is not read.
+    res.set_content(R"({"message":"The sandbox was not found"})" +
+                        std::string(req.has_param("big") ? 1 << 20 : 0, ' '),
+                    "application/json");
+  });
+  server.Get("/echo-error", [](const httplib::Request& req, httplib::Response& res) {
+    res.status = 500;  // a proxy that echoes what it got
+    res.set_content("key=" + req.get_header_value("X-API-KEY") +
+                        " auth=" + req.get_header_value("Authorization") +
+                        " ua=" + req.get_header_value("User-Agent"),
+                    "text/plain");
+  });
   server.set_keep_alive_max_count(1000);  // httplib closes after 5 by default
   int port = server.bind_to_any_port("127.0.0.1");
   std::thread t([&] { server.listen_after_bind(); });
@@ -69,6 +83,28 @@ TEST(HttpClient, ReusesOneConnectionAndStreamsBodies) {
   EXPECT_EQ(r->Header("x-seen"), "v");
   EXPECT_EQ(streamed, std::string("a\0b", 3));
   EXPECT_TRUE(r->body.empty());
+  // An error status is no stream: on_body never sees its body, the
+  // response carries it (bounded), and the status is the answer.
+  for (const std::string path : {"/gone", "/gone?big=1"}) {
+    HttpRequest failed = post;
+    failed.url = base + path;
+    streamed.clear();
+    auto e = client.Send(failed);
+    ASSERT_TRUE(e.ok()) << path << ": " << e.status();
+    EXPECT_EQ(e->status, 502);
+    EXPECT_TRUE(streamed.empty()) << path;
+    EXPECT_EQ(e->body.rfind(R"({"message":"The sandbox was not found"})", 0), 0u) << path;
+    EXPECT_LE(e->body.size(), size_t{64} << 10) << path;
+  }
+  // Credentials never come back in an error body (errors and logs quote it).
+  HttpRequest echo;
+  echo.url = base + "/echo-error";
+  echo.headers = {{"X-API-KEY", "e2b_SECRET-CANARY-123"},
+                  {"Authorization", "Bearer dtn-CANARY-321"}};
+  auto echoed = client.Send(echo);
+  ASSERT_TRUE(echoed.ok()) << echoed.status();
+  EXPECT_EQ(echoed->status, 500);
+  EXPECT_EQ(echoed->body, "key=[redacted] auth=[redacted] ua=test-agent");
   server.stop();
   t.join();
   HttpRequest refused;
