@@ -6,7 +6,6 @@
 #include "absl/synchronization/notification.h"
 #include "client/remote_sandbox.h"
 #include "common/text.h"
-#include "nlohmann/json.hpp"
 #include "server/tools.h"
 
 namespace sandbox {
@@ -81,16 +80,8 @@ absl::StatusOr<McpToolOutcome> McpGrpcBackend::CallTool(const McpCall& call,
   McpToolOutcome out;
   if (!resp.is_error() && name.ok()) {
     if (name->op == ToolOp::kRun || name->op == ToolOp::kShell) {
-      nlohmann::json j = nlohmann::json::parse(resp.content(), nullptr, false);
-      if (j.is_object()) {
-        pb::RunResult r;
-        r.set_output(j.value("output", ""));
-        r.set_exit_code(j.value("exitCode", 0));
-        r.set_timed_out(j.value("timedOut", false));
-        r.set_truncated(j.value("truncated", false));
-        r.set_oom_killed(j.value("oomKilled", false));
-        out.run = r;
-      }
+      pb::RunResult r;
+      if (ParseRunResult(resp.content(), &r)) out.run = r;
     } else if (name->op == ToolOp::kReadFile) {
       out.found = resp.content() != kFileNotFound;
     }

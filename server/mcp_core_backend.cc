@@ -3,7 +3,6 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "grpcpp/create_channel.h"
-#include "nlohmann/json.hpp"
 #include "server/grpc_service.h"
 
 namespace sandbox {
@@ -51,16 +50,16 @@ absl::StatusOr<McpToolOutcome> McpCoreBackend::CallTool(const McpCall& call,
     pb::CallToolResponse resp;
     grpc::Status s = (*owner)->CallTool(c.get(), req, &resp);
     if (s.ok()) {
-      // What the owner ran, from its answer's text (run/shell: JSON).
-      nlohmann::json j = nlohmann::json::parse(resp.content(), nullptr, false);
-      if (!resp.is_error() && j.is_object() && j.contains("output")) {
-        run.set_output(j.value("output", ""));
-        run.set_exit_code(j.value("exitCode", 0));
-        run.set_timed_out(j.value("timedOut", false));
-        run.set_truncated(j.value("truncated", false));
-        run.set_oom_killed(j.value("oomKilled", false));
+      // What the owner ran or read, from its answer's text: run/shell give
+      // FormatRunResult's JSON, read_file the contents or kFileNotFound.
+      absl::StatusOr<ToolName> name = ParseToolName(req.name());
+      if (!resp.is_error() && name.ok()) {
+        if (name->op == ToolOp::kRun || name->op == ToolOp::kShell) {
+          (void)ParseRunResult(resp.content(), &run);
+        } else if (name->op == ToolOp::kReadFile) {
+          found = resp.content() != kFileNotFound;
+        }
       }
-      found = resp.content() != "[file not found]";
       r = std::move(resp);
     } else {
       if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
@@ -172,8 +171,13 @@ absl::StatusOr<pb::SandboxBroker::Stub*> McpCoreBackend::OwnerStub(const std::st
   absl::MutexLock l(&stubs_mu_);
   auto& stub = stubs_[route.address];
   if (!stub) {
-    stub = pb::SandboxBroker::NewStub(
-        grpc::CreateChannel(route.address, peer_ ? peer_ : grpc::InsecureChannelCredentials()));
+    // No size caps of its own: the owner applies max_message_bytes (a
+    // default channel would refuse answers over 4 MiB the owner sends).
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    args.SetMaxSendMessageSize(-1);
+    stub = pb::SandboxBroker::NewStub(grpc::CreateCustomChannel(
+        route.address, peer_ ? peer_ : grpc::InsecureChannelCredentials(), args));
   }
   return stub.get();
 }

@@ -1,6 +1,7 @@
 #include "server/tools.h"
 
 #include <cmath>
+#include <cstdint>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -272,6 +273,31 @@ std::string FormatRunResult(const pb::RunResult& r) {
         "files and the session are still there.";
   }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+bool ParseRunResult(absl::string_view content, pb::RunResult* out) {
+  const nlohmann::json j = nlohmann::json::parse(content, nullptr, false);
+  if (!j.is_object()) return false;
+  const auto output = j.find("output");
+  const auto exit_code = j.find("exitCode");
+  if (output == j.end() || !output->is_string() || exit_code == j.end() ||
+      !exit_code->is_number_integer()) {
+    return false;
+  }
+  const int64_t code = exit_code->get<int64_t>();
+  if (code < INT32_MIN || code > INT32_MAX) return false;
+  pb::RunResult r;
+  r.set_output(output->get<std::string>());
+  r.set_exit_code(static_cast<int32_t>(code));
+  const auto flag = [&j](const char* key) {
+    const auto it = j.find(key);
+    return it != j.end() && it->is_boolean() && it->get<bool>();
+  };
+  r.set_timed_out(flag("timedOut"));
+  r.set_truncated(flag("truncated"));
+  r.set_oom_killed(flag("oomKilled"));
+  *out = std::move(r);
+  return true;
 }
 
 std::string ToolErrorText(const absl::Status& s) {

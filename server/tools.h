@@ -55,6 +55,11 @@ absl::StatusOr<ToolArgs> ParseToolArgs(ToolOp op, absl::string_view arguments_js
 // "truncated": true only when so.
 std::string FormatRunResult(const pb::RunResult& r);
 
+// The reverse, for a result another broker formatted: false (and *out
+// untouched) unless `content` is such an object with a string "output" and
+// an int32 "exitCode"; flags of any other type read as false.
+bool ParseRunResult(absl::string_view content, pb::RunResult* out);
+
 // A failed tool call as the model sees it: "error: <message>" for bad
 // arguments, else "error: <CODE>: <message>".
 std::string ToolErrorText(const absl::Status& s);
