@@ -353,7 +353,7 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
     BrokerServer* self = s.get();
     s->reaper_ = std::thread([self] {
       // Serving has started; recovery runs here, off the request path.
-      self->sessions_->ResolvePending();
+      int unresolved = self->sessions_->ResolvePending();
       const absl::Duration grace = absl::Seconds(self->config_.orphan_grace_seconds);
       const int swept = self->sessions_->SweepOrphans(grace);
       Log(LogLevel::kInfo, "recovery.done", {{"orphans_destroyed", swept}});
@@ -368,6 +368,8 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
         self->PublishLimits();
         const absl::Time now = clock->Monotonic();
         if (now >= next_reap) {
+          // Rows whose provider could not be listed at start, until it can.
+          if (unresolved > 0) unresolved = self->sessions_->ResolvePending();
           self->sessions_->RunOnce();
           next_reap = now + reap_every;
         }

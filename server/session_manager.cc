@@ -75,11 +75,26 @@ struct SessionManager::Session {
   // use. `recovered` marks creating/closing rows waiting for ResolvePending.
   bool adopt_pending = false;
   bool recovered = false;
+  // A recovered creating row whose provider could not be listed: kept (its
+  // sandbox may exist) and resolved by a later ResolvePending; calls on it
+  // are answered UNAVAILABLE meanwhile instead of waiting.
+  bool resolve_deferred = false;
   bool dirty = false;  // in dirty_
   absl::Time flushed_mono = absl::InfinitePast();
   // WaitForCreation's callers, woken when the creation settles.
   std::vector<std::function<void(absl::Status)>> waiters;
 };
+
+namespace {
+// A recovered creating row ResolvePending could not settle yet.
+absl::Status DeferredError(const std::string& session_id, const std::string& provider) {
+  return absl::UnavailableError(
+      absl::StrCat("session \"", session_id,
+                   "\": whether its sandbox was created before the broker restarted is not "
+                   "known yet (provider \"",
+                   provider, "\" could not be listed); retry shortly"));
+}
+}  // namespace
 
 absl::Status SessionManager::ProviderConflict(const Session& s, const CreateOptions* create) {
   if (create == nullptr || create->provider.empty() || create->provider == s.provider) {
@@ -382,10 +397,14 @@ absl::StatusOr<Lease> SessionManager::AcquireOrBegin(
       *waiting = true;
       return absl::UnavailableError("waiting for the session's creation");
     }
+    if (s->state == SessionStateKind::kCreating && s->recovered && s->resolve_deferred) {
+      return DeferredError(s->session_id, s->provider);
+    }
     if (s->state == SessionStateKind::kCreating || s->state == SessionStateKind::kClosing) {
       const SessionStateKind was = s->state;
-      auto changed = [&s, was]()
-                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return s->gone || s->state != was; };
+      auto changed = [&s, was]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return s->gone || s->state != was || s->resolve_deferred;
+      };
       mu_.Await(absl::Condition(&changed));
       if (was == SessionStateKind::kCreating && s->gone && !s->create_status.ok()) {
         // We waited on that creation; its failure is our answer.
@@ -731,8 +750,9 @@ absl::StatusOr<bool> SessionManager::Close(const std::string& tenant, const std:
       if (it == t->second.end()) return false;
       s = it->second;
       if (s->state == SessionStateKind::kCreating) {
+        if (s->recovered && s->resolve_deferred) return DeferredError(s->session_id, s->provider);
         auto done = [&s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return s->gone || s->state != SessionStateKind::kCreating;
+          return s->gone || s->state != SessionStateKind::kCreating || s->resolve_deferred;
         };
         mu_.Await(absl::Condition(&done));
         continue;
@@ -1258,7 +1278,7 @@ int SessionManager::GiveUp(const std::function<bool(const std::string& provider)
   return n;
 }
 
-void SessionManager::ResolvePending() {
+int SessionManager::ResolvePending() {
   std::vector<std::shared_ptr<Session>> creating, closing;
   {
     absl::MutexLock l(&mu_);
@@ -1279,7 +1299,8 @@ void SessionManager::ResolvePending() {
     absl::StatusOr<std::vector<OwnedSandbox>> owned =
         p.ok() ? (*p)->ListOwned(deployment_id_)
                : absl::StatusOr<std::vector<OwnedSandbox>>(p.status());
-    listed[s->provider] = owned.ok();
+    // A provider no longer configured has nothing to adopt from: forgotten.
+    listed[s->provider] = owned.ok() || !p.ok();
     if (!owned.ok()) {
       Log(LogLevel::kWarning, "state.resolve_list_failed",
           {{"provider", s->provider}, {"error", owned.status().message()}});
@@ -1287,7 +1308,20 @@ void SessionManager::ResolvePending() {
     }
     for (const OwnedSandbox& o : *owned) by_attempt[s->provider][o.attempt_id] = o.sandbox_id;
   }
+  int deferred = 0;
   for (auto& s : creating) {
+    if (!listed[s->provider]) {
+      // Not listed is not "not there": the sandbox may exist. The row stays
+      // (the orphan sweep spares its attempt) until a later call resolves it.
+      absl::MutexLock l(&mu_);
+      if (!s->resolve_deferred) {
+        s->resolve_deferred = true;  // wakes Acquire's waiters: UNAVAILABLE
+        Log(LogLevel::kWarning, "session.resolve_deferred",
+            {{"tenant", s->tenant}, {"session_id", s->session_id}, {"provider", s->provider}});
+      }
+      ++deferred;
+      continue;
+    }
     auto it = by_attempt[s->provider].find(s->attempt_id);
     const bool found = it != by_attempt[s->provider].end();
     SessionRecord rec;
@@ -1308,6 +1342,7 @@ void SessionManager::ResolvePending() {
     }
     absl::MutexLock l(&mu_);
     s->recovered = false;
+    s->resolve_deferred = false;
     if (found) {
       s->state = SessionStateKind::kReady;
       s->adopt_pending = true;
@@ -1335,6 +1370,7 @@ void SessionManager::ResolvePending() {
     }
     FinishClose(s, nullptr, CloseReason::kShutdown);
   }
+  return deferred;
 }
 
 int SessionManager::SweepOrphans(absl::Duration grace) {

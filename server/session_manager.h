@@ -154,7 +154,10 @@ class SessionManager {
   // Resolves rows a crash left mid-way: creating rows through the attempt
   // tag at the provider (adopted if the sandbox exists, else forgotten),
   // closing rows by finishing the destroy. One ListOwned call per provider.
-  void ResolvePending();
+  // A creating row whose provider cannot be listed stays (calls on it get
+  // UNAVAILABLE meanwhile; the orphan sweep spares its sandbox): returns
+  // how many, for the caller to try again later.
+  int ResolvePending();
   // Destroys sandboxes tagged with this deployment that no session owns and
   // that are at least `grace` old. Returns how many were destroyed.
   int SweepOrphans(absl::Duration grace);

@@ -28,6 +28,7 @@ struct World {
   absl::Mutex mu;
   std::map<std::string, Box> boxes;
   int creates = 0, attaches = 0, destroys = 0, lists = 0;
+  int list_failures = 0;  // the next N ListOwned calls fail (UNAVAILABLE)
   // Called inside Create / Destroy (to check what the store holds then).
   std::function<void(const SandboxSpec&)> on_create;
   std::function<void(const std::string&)> on_destroy;
@@ -99,6 +100,10 @@ class WorldProvider final : public Provider {
   absl::StatusOr<std::vector<OwnedSandbox>> ListOwned(const std::string& dep) override {
     absl::MutexLock l(&w_->mu);
     ++w_->lists;
+    if (w_->list_failures > 0) {
+      --w_->list_failures;
+      return absl::UnavailableError("world: list: 503 service unavailable");
+    }
     std::vector<OwnedSandbox> out;
     for (auto& [id, b] : w_->boxes) {
       if (b.alive && b.deployment == dep)
@@ -233,6 +238,41 @@ TEST_F(DurableSessionsTest, CreatingRowsResolveThroughTheAttemptTag) {
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_EQ(rows[0].state, StoredState::kReady);
   EXPECT_EQ(rows[0].sandbox_id, "w-made");
+}
+
+TEST_F(DurableSessionsTest, ACreatingRowWaitsOutAFailedListInsteadOfBeingForgotten) {
+  SessionRecord made;
+  made.tenant = "t";
+  made.session_id = "made";
+  made.provider = "world";
+  made.attempt_id = "att-made";
+  made.state = StoredState::kCreating;
+  made.created_at = made.last_active_at = clock_.Now();
+  ASSERT_TRUE(store_->PutSession(made).ok());
+  world_.boxes["w-made"] = {store_->deployment_id(), "att-made", "t", "made", clock_.Now()};
+  SessionManager& m = Restart();
+  ASSERT_EQ(*m.LoadFromStore(), 1);
+  world_.list_failures = 2;  // the provider is briefly unreachable
+  EXPECT_EQ(m.ResolvePending(), 1);
+  // Not "not found": the row and the sandbox stay, the orphan sweep (its
+  // list failing or not) spares it, and calls say why they cannot go on.
+  EXPECT_EQ(m.SweepOrphans(absl::ZeroDuration()), 0);
+  EXPECT_EQ(m.SweepOrphans(absl::ZeroDuration()), 0);
+  EXPECT_EQ(world_.live(), 1);
+  ASSERT_EQ(Rows().size(), 1u);
+  EXPECT_EQ(Rows()[0].state, StoredState::kCreating);
+  auto waiting = m.Acquire("t", "made", &create_);
+  EXPECT_EQ(waiting.status().code(), absl::StatusCode::kUnavailable) << waiting.status();
+  EXPECT_NE(waiting.status().message().find("could not be listed"), std::string::npos);
+  EXPECT_EQ(m.Close("t", "made").status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(world_.creates, 0);  // no second sandbox for the session
+  // The provider answers again: the next pass adopts the sandbox.
+  EXPECT_EQ(m.ResolvePending(), 0);
+  auto l = m.Acquire("t", "made", nullptr);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->sandbox()->id(), "w-made");
+  EXPECT_EQ(world_.creates, 0);
+  EXPECT_EQ(Rows()[0].state, StoredState::kReady);
 }
 
 TEST_F(DurableSessionsTest, ClosingRowsFinishTheDestroy) {
