@@ -112,7 +112,8 @@ std::string ConfigReader::Enum(const std::string& key, const std::string& def,
   return def;
 }
 
-std::map<std::string, std::string> ConfigReader::StringMap(const std::string& key) {
+std::map<std::string, std::string> ConfigReader::StringMap(const std::string& key,
+                                                           bool secret_keys) {
   std::map<std::string, std::string> out;
   const nlohmann::json* v = Get(key);
   if (v == nullptr) return out;
@@ -120,9 +121,15 @@ std::map<std::string, std::string> ConfigReader::StringMap(const std::string& ke
     Fail(key, "must be an object of strings");
     return out;
   }
+  int n = 0;
   for (auto it = v->begin(); it != v->end(); ++it) {
+    ++n;
     if (!it.value().is_string()) {
-      Fail(key, absl::StrCat("value of \"", it.key(), "\" must be a string"));
+      // A token as key is named by its place, never shown.
+      Fail(key, secret_keys ? absl::StrCat("the value of entry ", n,
+                                           " (in sorted key order; the key is a secret, not "
+                                           "shown) must be a string")
+                            : absl::StrCat("value of \"", it.key(), "\" must be a string"));
       return {};
     }
     out[it.key()] = it.value().get<std::string>();

@@ -35,7 +35,9 @@ class ConfigReader {
   // One of `choices`.
   std::string Enum(const std::string& key, const std::string& def,
                    const std::vector<std::string>& choices);
-  std::map<std::string, std::string> StringMap(const std::string& key);
+  // secret_keys: the keys are secrets (tokens): an error names an entry by
+  // its place, not its key.
+  std::map<std::string, std::string> StringMap(const std::string& key, bool secret_keys = false);
   std::vector<std::string> StringList(const std::string& key);
   // The raw object at `key` (null when absent); its own keys are checked by
   // whoever reads it.

@@ -1,5 +1,8 @@
 #include "server/audit.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 
@@ -16,8 +19,11 @@ const std::string& CurrentRequestId() { return tls_request_id; }
 
 absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(const std::string& path, Clock* clock) {
   if (path.empty()) return std::unique_ptr<AuditLog>(new AuditLog(stderr, false, clock));
-  FILE* f = fopen(path.c_str(), "ae");
+  // Owner-only: it names tenants, sessions and admins.
+  const int fd = open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+  FILE* f = fd >= 0 ? fdopen(fd, "a") : nullptr;
   if (f == nullptr) {
+    if (fd >= 0) close(fd);
     return absl::InvalidArgumentError(absl::StrCat("audit_log.path: cannot open ", path));
   }
   return std::unique_ptr<AuditLog>(new AuditLog(f, true, clock));

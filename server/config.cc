@@ -188,9 +188,9 @@ absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text) {
   c.log_level = r.Enum("log_level", c.log_level, {"debug", "info", "warning", "error"});
   {
     ConfigReader auth(r.Object("auth"), "auth");
-    auto tokens = auth.StringMap("tokens");
+    auto tokens = auth.StringMap("tokens", /*secret_keys=*/true);
     std::string tokens_file = auth.String("tokens_file", "");
-    auto admin_tokens = auth.StringMap("admin_tokens");
+    auto admin_tokens = auth.StringMap("admin_tokens", /*secret_keys=*/true);
     RETURN_IF_ERROR(auth.Finish());
     RETURN_IF_ERROR(AddTokens(tokens, "auth.tokens", &c.tokens));
     c.tokens_file = tokens_file;

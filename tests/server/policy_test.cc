@@ -5,6 +5,7 @@
 #include "server/policy.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -89,6 +90,13 @@ TEST(PolicyConfig, BadPolicyIsAnErrorNamingTheKey) {
        "auth.admin_tokens: tokens must be at least 8 characters"},
       {R"({"auth": {"tokens": {"same-token-1": "acme"}, "admin_tokens": {"same-token-1": "ops"}}})",
        "auth.admin_tokens: a token is also a tenant token; use separate tokens"},
+      // A token is never shown, even when its entry is wrong.
+      {R"({"auth": {"tokens": {"a-token-1": "acme", "b-LEAK-CANARY-9": 42}}})",
+       "auth.tokens: the value of entry 2 (in sorted key order; the key is a secret, not shown) "
+       "must be a string"},
+      {R"({"auth": {"admin_tokens": {"LEAK-CANARY-9": ["ops"]}}})",
+       "auth.admin_tokens: the value of entry 1 (in sorted key order; the key is a secret, not "
+       "shown) must be a string"},
       {R"({"audit_log": {"path": ""}})", "audit_log.path: must not be empty"},
       {R"({"audit_log": {"file": "x"}})", "audit_log.file: unknown key"},
   };
@@ -289,6 +297,9 @@ TEST(AuditLog, AppendsToItsFile) {
   EXPECT_FALSE(std::getline(in, l3));
   EXPECT_EQ(nlohmann::json::parse(l1)["event"], "event.0");
   EXPECT_EQ(nlohmann::json::parse(l2)["event"], "event.1");
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);  // owner-only, whatever the umask
   unlink(path.c_str());
   rmdir(tmpl);
   auto bad = AuditLog::Open("/nonexistent-dir-sb/audit.jsonl", &clock);
