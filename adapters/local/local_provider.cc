@@ -350,6 +350,10 @@ class LocalSandbox final : public Sandbox {
     int ctl = -1;
     pid_t bwrap_pid = -1;
     pid_t init_pid = -1;
+    // The container's /tmp, opened (O_PATH) once init is up: file calls go
+    // through it, never again through /proc/<init_pid>, a pid the kernel
+    // gives to another process once init is gone. -1 with isolation "none".
+    int tmp_fd = -1;
   };
 
   LocalSandbox(const LocalProvider* provider, std::shared_ptr<LocalProvider::UidPool> uids,
@@ -361,13 +365,13 @@ class LocalSandbox final : public Sandbox {
         env_(spec.env),
         fs_(p_.workspace, provider->config().mount_point, p_.uid, p_.uid,
             static_cast<size_t>(provider->config().max_transfer_bytes)),
-        tmp_fs_(provider->config().isolation == "none"
-                    ? p_.dir + "/tmp"
-                    : absl::StrCat("/proc/", p_.init_pid, "/root/tmp"),
-                "/tmp", p_.uid, p_.uid,
+        tmp_fs_(TmpRoot(), "/tmp", p_.uid, p_.uid,
                 static_cast<size_t>(provider->config().max_transfer_bytes)) {}
 
-  ~LocalSandbox() override { (void)Destroy(); }
+  ~LocalSandbox() override {
+    (void)Destroy();
+    if (p_.tmp_fd >= 0) close(p_.tmp_fd);
+  }
 
   const std::string& id() const override { return p_.id; }
 
@@ -954,6 +958,12 @@ class LocalSandbox final : public Sandbox {
     return fs_;
   }
 
+  // The host path of the container's /tmp.
+  std::string TmpRoot() const {
+    if (provider_->config().isolation == "none") return p_.dir + "/tmp";
+    return absl::StrCat("/proc/self/fd/", p_.tmp_fd);
+  }
+
   // A working directory must exist in the sandbox's view.
   absl::Status CheckCwd(const std::string& cwd) {
     auto missing = [&] {
@@ -962,9 +972,7 @@ class LocalSandbox final : public Sandbox {
     if (cwd.empty() || cwd.front() != '/' || cwd.find("/..") != std::string::npos) return missing();
     const std::string& mp = provider_->config().mount_point;
     std::string host;
-    const std::string tmp_root = provider_->config().isolation == "none"
-                                     ? p_.dir + "/tmp"
-                                     : absl::StrCat("/proc/", p_.init_pid, "/root/tmp");
+    const std::string tmp_root = TmpRoot();
     if (cwd == mp || absl::StartsWith(cwd, mp + "/")) {
       host = p_.workspace + cwd.substr(mp.size());
     } else if (cwd == "/tmp" || absl::StartsWith(cwd, "/tmp/")) {
@@ -1729,6 +1737,18 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Start(const std::string&
     std::string why = ReadSmallFile(log_path);
     return absl::FailedPreconditionError(absl::StrCat(
         "local: the sandbox container did not start (", why.empty() ? "no output" : why, ")"));
+  }
+  if (config_.isolation != "none") {
+    parts.tmp_fd = open(absl::StrCat("/proc/", parts.init_pid, "/root/tmp").c_str(),
+                        O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (parts.tmp_fd < 0) {
+      const std::string why = strerror(errno);
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+      ChildReaper::Release(pid);
+      return absl::FailedPreconditionError(
+          absl::StrCat("local: cannot open the sandbox container's /tmp (", why, ")"));
+    }
   }
   ok = true;
   auto sandbox =

@@ -40,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -355,6 +356,11 @@ void ReapAll() {
 }  // namespace
 
 int main() {
+  // Not dumpable: code in the container runs as our uid, and could
+  // otherwise ptrace us (stop or kill the container's PID 1) or take our
+  // descriptors with pidfd_getfd (the control socket, the host log file on
+  // fds 1 and 2). Runs exec, which makes them dumpable again.
+  if (prctl(PR_SET_DUMPABLE, 0) != 0) return 1;
   sigset_t chld;
   sigemptyset(&chld);
   sigaddset(&chld, SIGCHLD);

@@ -135,6 +135,32 @@ TEST_F(LocalProviderTest, HostFilesAndProcessesAreInvisible) {
   EXPECT_NE(r.output.find("\n0\n"), std::string::npos) << r.output;
 }
 
+TEST_F(LocalProviderTest, CodeCannotTraceInitOrTakeItsDescriptors) {
+  // PID 1 (sandbox-init) runs as the code's uid and holds the control
+  // socket and a host log file: it is not dumpable, so neither ptrace nor
+  // pidfd_getfd reaches it (on a host without Yama's restrictions too).
+  ExecResult r = Exec(Language::kPython, R"(
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+def call(name, f):
+    ctypes.set_errno(0)
+    rc = f()
+    print(name, rc, errno.errorcode.get(ctypes.get_errno(), ctypes.get_errno()))
+pidfd = os.pidfd_open(1)
+for fd in (1, 2, 3):
+    call("getfd", lambda: libc.syscall(438, pidfd, fd, 0))
+call("attach", lambda: libc.ptrace(16, 1, None, None))
+print(open("/proc/1/status").read().count("TracerPid:\t0"))
+)");
+  EXPECT_EQ(r.output, "getfd -1 EPERM\ngetfd -1 EPERM\ngetfd -1 EPERM\nattach -1 EPERM\n1\n")
+      << r.output;
+  // Files in /tmp still move both ways (through the broker's descriptor of
+  // the container's /tmp, not a path by pid).
+  ASSERT_TRUE(sandbox_->WriteFile("/tmp/in.txt", "to code").ok());
+  EXPECT_EQ(Exec(Language::kShell, "cat /tmp/in.txt; echo back > /tmp/out.txt").output, "to code");
+  EXPECT_EQ(**sandbox_->ReadFile("/tmp/out.txt"), "back\n");
+}
+
 TEST_F(LocalProviderTest, NetworkIsBlocked) {
   int s = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
