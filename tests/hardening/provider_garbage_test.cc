@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "adapters/daytona/daytona_provider.h"
 #include "tests/testing/broker_fixture.h"
 
 namespace sandbox {
@@ -291,6 +292,33 @@ TEST_F(ProviderGarbageTest, E2BRunsFailCleanlyWhenEnvdAnswersGarbage) {
   EXPECT_TRUE(stub_->CloseSession(ctx.get(), close, &closed).ok());
   EXPECT_LE(absl::Now() - start, absl::Seconds(kRequestTimeoutSeconds + 3));
   ExpectNoSessions();
+}
+
+// The orphan sweep and crash recovery list sandboxes on the reaper thread:
+// a listing with wrong types (here a null and a numeric state, a numeric
+// createdAt) must be read, not thrown on (that crash-looped the daemon).
+TEST(DaytonaListing, WrongTypesInAListedSandboxAreSkippedNotFatal) {
+  GarbageServer server;
+  server.Good("/api/sandbox", R"({"items": [
+      {"id": "sb-null", "state": null, "createdAt": 5,
+       "labels": {"sandbox-broker.deployment-id": "dep-1", "sandbox-broker.attempt-id": "a1"}},
+      {"id": "sb-num", "state": 7, "labels": {"sandbox-broker.deployment-id": "dep-1"}},
+      {"id": "sb-gone", "state": "destroyed",
+       "labels": {"sandbox-broker.deployment-id": "dep-1"}},
+      {"id": 42, "state": "started", "labels": {"sandbox-broker.deployment-id": "dep-1"}},
+      {"id": "sb-other", "state": "started", "labels": {"sandbox-broker.deployment-id": "dep-2"}}
+    ]})");
+  auto c =
+      ParseDaytonaConfig({{"api_key", "dtn_test_key"}, {"api_url", server.url() + "/api"}}, 60);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto provider = DaytonaProvider::Create(*c);
+  ASSERT_TRUE(provider.ok()) << provider.status();
+  auto owned = (*provider)->ListOwned("dep-1");
+  ASSERT_TRUE(owned.ok()) << owned.status();
+  ASSERT_EQ(owned->size(), 2u);
+  EXPECT_EQ((*owned)[0].sandbox_id, "sb-null");
+  EXPECT_EQ((*owned)[0].attempt_id, "a1");
+  EXPECT_EQ((*owned)[1].sandbox_id, "sb-num");
 }
 
 }  // namespace

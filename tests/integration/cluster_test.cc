@@ -653,6 +653,23 @@ TEST_P(ClusterTest, McpToolCallsGoToTheSessionsOwner) {
       << r.dump();
   json rf = call(2, "sandbox_e2b_read_file", {{"path", "nope.txt"}, {"session", "m1"}});
   EXPECT_EQ(rf["result"]["structuredContent"].value("found", true), false) << rf.dump();
+  // A file's contents are contents, whatever they look like (a JSON object
+  // with "output": 1 once killed the forwarding replica), at any size the
+  // owner allows (the peer channel once capped answers at 4 MiB).
+  ASSERT_TRUE(Write(0, "m1", "f.json", R"({"output": 1, "exitCode": "x"})").ok());
+  const std::string big(5 << 20, 'b');
+  ASSERT_TRUE(Write(0, "m1", "big.txt", big).ok());
+  for (const auto& [path, want] :
+       {std::pair<std::string, std::string>{"f.json", R"({"output": 1, "exitCode": "x"})"},
+        {"big.txt", big}}) {
+    json got = call(1, "sandbox_e2b_read_file", {{"path", path}, {"session", "m1"}});
+    ASSERT_TRUE(got.is_object()) << path;
+    EXPECT_EQ(got["result"]["structuredContent"].value("found", false), true)
+        << got.dump().substr(0, 300);
+    EXPECT_TRUE(got["result"]["structuredContent"].value("content", "") == want) << path;
+  }
+  json again = call(1, "sandbox_e2b_shell", {{"command", "echo alive"}, {"session", "m1"}});
+  EXPECT_EQ(again["result"]["structuredContent"].value("output", "<none>"), "alive\n");
   EXPECT_EQ(Stats().value("creates", -1), 1);
 }
 
