@@ -171,33 +171,8 @@ const char* const kProcMaskDirs[] = {"acpi", "asound", "scsi", "fs", "irq", "bus
 
 // Reads what background processes write to a finished run's pipes, until
 // they close them, so a server started by an earlier run never dies of
-// SIGPIPE. The bytes are not part of any result.
-void DrainInBackground(std::vector<int> fds) {
-  std::thread([fds]() {
-    std::vector<int> open = fds;
-    char buf[16384];
-    while (!open.empty()) {
-      std::vector<struct pollfd> p;
-      for (int fd : open) p.push_back({fd, POLLIN, 0});
-      if (poll(p.data(), p.size(), -1) < 0 && errno != EINTR) break;
-      std::vector<int> keep;
-      for (const auto& e : p) {
-        if (!e.revents) {
-          keep.push_back(e.fd);
-          continue;
-        }
-        ssize_t r = read(e.fd, buf, sizeof(buf));
-        if (r > 0 || (r < 0 && (errno == EINTR || errno == EAGAIN))) {
-          keep.push_back(e.fd);
-        } else {
-          close(e.fd);
-        }
-      }
-      open.swap(keep);
-    }
-    for (int fd : open) close(fd);
-  }).detach();
-}
+// SIGPIPE; rate-limited (below). The bytes are not part of any result.
+void DrainOnLoop(EventLoop* loop, const std::vector<int>& fds);
 
 absl::StatusOr<int> MemFd(const std::string& data) {
   int fd = memfd_create("sandbox-input", MFD_CLOEXEC);
@@ -945,7 +920,7 @@ class LocalSandbox final : public Sandbox {
       }
       close(readers[i]);
     }
-    if (!leftover.empty()) DrainInBackground(std::move(leftover));
+    if (!leftover.empty()) DrainOnLoop(EventLoop::Shared(), leftover);
     if (gone && !exited && !timed_out && !cancelled) {
       return GoneOrKilled(collector, timed_out, cancelled);
     }
@@ -1015,15 +990,49 @@ class LocalSandbox final : public Sandbox {
 };
 
 // Leftover pipes of a finished run (background processes still hold their
-// write ends): read and dropped on the loop until EOF, then closed.
+// write ends): read and dropped on the loop until EOF, then closed. At most
+// kDrainBytesPerTick per pipe each kDrainTick: past that the pipe is watched
+// for its end only until the next tick, so a background process writing
+// without pause (`yes &`) blocks on its full pipe instead of making the
+// broker burn CPU (outside the sandbox's limits) discarding its output.
+constexpr size_t kDrainBytesPerTick = 256 << 10;
+constexpr absl::Duration kDrainTick = absl::Seconds(1);
+
+struct Drain {
+  EventLoop* loop;
+  int fd;
+  size_t budget = kDrainBytesPerTick;
+  bool closed = false;  // loop thread only (its callbacks and timers)
+};
+
 void DrainOnLoop(EventLoop* loop, const std::vector<int>& fds) {
   for (int fd : fds) {
-    bool ok = loop->Watch(fd, EPOLLIN, [loop, fd](uint32_t) {
-      char buf[16384];
-      ssize_t r = read(fd, buf, sizeof(buf));
-      if (r > 0 || (r < 0 && (errno == EINTR || errno == EAGAIN))) return;
-      loop->Unwatch(fd);
-      close(fd);
+    auto d = std::make_shared<Drain>(Drain{loop, fd});
+    bool ok = loop->Watch(fd, EPOLLIN, [d](uint32_t events) {
+      if (d->closed) return;
+      if ((events & EPOLLIN) && d->budget > 0) {
+        char buf[16384];
+        ssize_t r = read(d->fd, buf, std::min(sizeof(buf), d->budget));
+        if (r < 0 && (errno == EINTR || errno == EAGAIN)) return;
+        if (r > 0) {
+          d->budget -= static_cast<size_t>(r);
+          if (d->budget == 0) {
+            d->loop->Modify(d->fd, 0);  // EPOLLHUP/EPOLLERR only
+            d->loop->After(kDrainTick, [d] {
+              if (d->closed) return;
+              d->budget = kDrainBytesPerTick;
+              d->loop->Modify(d->fd, EPOLLIN);
+            });
+          }
+          return;
+        }
+      } else if (!(events & (EPOLLHUP | EPOLLERR))) {
+        return;
+      }
+      // EOF, or the writers are gone while paused.
+      d->closed = true;
+      d->loop->Unwatch(d->fd);
+      close(d->fd);
     });
     if (!ok) close(fd);
   }

@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -159,6 +160,27 @@ print(open("/proc/1/status").read().count("TracerPid:\t0"))
   ASSERT_TRUE(sandbox_->WriteFile("/tmp/in.txt", "to code").ok());
   EXPECT_EQ(Exec(Language::kShell, "cat /tmp/in.txt; echo back > /tmp/out.txt").output, "to code");
   EXPECT_EQ(**sandbox_->ReadFile("/tmp/out.txt"), "back\n");
+}
+
+TEST_F(LocalProviderTest, BackgroundOutputAfterARunCostsTheBrokerLittleCpu) {
+  // Two writers that never pause, left behind by a run: their pipes are
+  // still read (they live on, no SIGPIPE) but at a bounded rate, so they
+  // block on full pipes instead of keeping a broker core busy.
+  ExecResult r =
+      Exec(Language::kShell, "yes & echo $! > /tmp/y1; yes >&2 & echo $! > /tmp/y2; echo started");
+  EXPECT_EQ(r.exit_code, 0);  // its output may hold some of the writers' too
+  auto cpu = [] {
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return absl::DurationFromTimeval(u.ru_utime) + absl::DurationFromTimeval(u.ru_stime);
+  };
+  const absl::Duration before = cpu();
+  EXPECT_EQ(Exec(Language::kShell, "sleep 2").exit_code, 0);  // the window: 2 s of writing
+  const absl::Duration used = cpu() - before;
+  EXPECT_LT(used, absl::Milliseconds(500)) << used;  // unthrottled: about 2 s of a core
+  EXPECT_EQ(Exec(Language::kShell, "kill -0 $(cat /tmp/y1) && kill -0 $(cat /tmp/y2) && echo alive")
+                .output,
+            "alive\n");
 }
 
 TEST_F(LocalProviderTest, NetworkIsBlocked) {
