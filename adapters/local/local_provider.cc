@@ -174,6 +174,10 @@ const char* const kProcMaskDirs[] = {"acpi", "asound", "scsi", "fs", "irq", "bus
 // SIGPIPE; rate-limited (below). The bytes are not part of any result.
 void DrainOnLoop(EventLoop* loop, const std::vector<int>& fds);
 
+// When a run's main process has exited, what is in its pipes is taken into
+// the result: at most this many reads of 64 KiB per stream.
+constexpr int kTakeAtEndReads = 16;
+
 absl::StatusOr<int> MemFd(const std::string& data) {
   int fd = memfd_create("sandbox-input", MFD_CLOEXEC);
   if (fd < 0) return absl::InternalError(absl::StrCat("memfd_create: ", strerror(errno)));
@@ -582,6 +586,7 @@ class LocalSandbox final : public Sandbox {
   absl::Status WriteFile(absl::string_view path, absl::string_view data) override {
     RETURN_IF_ERROR(CheckOpen());
     const WorkspaceFs& fs = FsFor(path);
+    if (&fs == &tmp_fs_) RETURN_IF_ERROR(CheckContainer());
     if (&fs != &tmp_fs_ || p_.uid < 0 || provider_->config().isolation == "none") {
       return fs.Write(path, data);
     }
@@ -597,7 +602,9 @@ class LocalSandbox final : public Sandbox {
 
   absl::StatusOr<std::optional<std::string>> ReadFile(absl::string_view path) override {
     RETURN_IF_ERROR(CheckOpen());
-    return FsFor(path).Read(path);
+    const WorkspaceFs& fs = FsFor(path);
+    if (&fs == &tmp_fs_) RETURN_IF_ERROR(CheckContainer());
+    return fs.Read(path);
   }
 
   absl::Status Destroy() override {
@@ -911,7 +918,9 @@ class LocalSandbox final : public Sandbox {
       if (!eof[i]) {
         fcntl(readers[i], F_SETFL, fcntl(readers[i], F_GETFL) | O_NONBLOCK);
         bool e = false;
-        while (read_some(i, &e)) {
+        // At most a full pipe's worth (1 MiB, pipe-max-size's default): a
+        // background writer refilling it must not keep this loop going.
+        for (int reads = 0; reads < kTakeAtEndReads && read_some(i, &e); ++reads) {
         }
         if (!e) {
           leftover.push_back(readers[i]);
@@ -936,7 +945,9 @@ class LocalSandbox final : public Sandbox {
   // The host path of the container's /tmp.
   std::string TmpRoot() const {
     if (provider_->config().isolation == "none") return p_.dir + "/tmp";
-    return absl::StrCat("/proc/self/fd/", p_.tmp_fd);
+    // "/." so that the path names the directory, not the fd's magic link
+    // (lstat of "/proc/self/fd/N" is the link).
+    return absl::StrCat("/proc/self/fd/", p_.tmp_fd, "/.");
   }
 
   // A working directory must exist in the sandbox's view.
@@ -965,6 +976,20 @@ class LocalSandbox final : public Sandbox {
   absl::Status CheckOpen() {
     absl::MutexLock l(&mu_);
     if (destroyed_) return absl::FailedPreconditionError("local: sandbox is closed");
+    return absl::OkStatus();
+  }
+
+  // The container's /tmp lives only as long as its init: once init is gone
+  // (its end of the control socket closed), our descriptor of /tmp would
+  // reach a detached copy nobody runs in.
+  absl::Status CheckContainer() {
+    if (provider_->config().isolation == "none") return absl::OkStatus();
+    absl::MutexLock l(&ctl_mu_);
+    if (p_.ctl < 0) return absl::FailedPreconditionError("local: sandbox is closed");
+    struct pollfd pf = {p_.ctl, POLLRDHUP, 0};
+    if (poll(&pf, 1, 0) > 0 && (pf.revents & (POLLHUP | POLLRDHUP | POLLERR))) {
+      return SandboxGoneError("local: the sandbox's container is gone");
+    }
     return absl::OkStatus();
   }
 
@@ -1163,7 +1188,11 @@ struct LocalAsyncRun : std::enable_shared_from_this<LocalAsyncRun> {
       const int fd = st.readers[i];
       if (!eof[i]) {
         loop->Unwatch(fd);
-        for (;;) {
+        for (int reads = 0;; ++reads) {
+          if (reads == kTakeAtEndReads) {  // as in the synchronous Exec
+            leftover.push_back(fd);
+            break;
+          }
           ssize_t r = read(fd, buf, sizeof(buf));
           if (r > 0) {
             collector.Append(i == 0 ? OutputStream::kStdout : OutputStream::kStderr,
@@ -1724,40 +1753,39 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Start(const std::string&
     pr = poll(&pf, 1, 30000);
   } while (pr < 0 && errno == EINTR);
   char c = 0;
-  char cbuf[CMSG_SPACE(sizeof(struct ucred))];
+  alignas(struct cmsghdr) char cbuf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int))];
   struct iovec iov = {&c, 1};
   struct msghdr mh = {};
   mh.msg_iov = &iov;
   mh.msg_iovlen = 1;
   mh.msg_control = cbuf;
   mh.msg_controllen = sizeof(cbuf);
-  ssize_t n = pr > 0 ? recvmsg(sv[0], &mh, MSG_DONTWAIT) : -1;
+  ssize_t n = pr > 0 ? recvmsg(sv[0], &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC) : -1;
   for (struct cmsghdr* cm = CMSG_FIRSTHDR(&mh); n == 1 && cm; cm = CMSG_NXTHDR(&mh, cm)) {
     if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_CREDENTIALS) {
       struct ucred cr;
       memcpy(&cr, CMSG_DATA(cm), sizeof(cr));
       parts.init_pid = cr.pid;
+    } else if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
+               cm->cmsg_len == CMSG_LEN(sizeof(int)) && parts.tmp_fd < 0) {
+      // init's /tmp (see sandbox_init.cc); with isolation "none" the host's.
+      memcpy(&parts.tmp_fd, CMSG_DATA(cm), sizeof(int));
+      if (config_.isolation == "none") {
+        close(parts.tmp_fd);
+        parts.tmp_fd = -1;
+      }
     }
   }
-  if (n != 1 || c != 'R' || parts.init_pid <= 0) {
+  const bool no_tmp = config_.isolation != "none" && parts.tmp_fd < 0;
+  if (n != 1 || c != 'R' || parts.init_pid <= 0 || no_tmp) {
+    if (parts.tmp_fd >= 0) close(parts.tmp_fd);
+    parts.tmp_fd = -1;
     kill(pid, SIGKILL);
     waitpid(pid, nullptr, 0);
     ChildReaper::Release(pid);
     std::string why = ReadSmallFile(log_path);
     return absl::FailedPreconditionError(absl::StrCat(
         "local: the sandbox container did not start (", why.empty() ? "no output" : why, ")"));
-  }
-  if (config_.isolation != "none") {
-    parts.tmp_fd = open(absl::StrCat("/proc/", parts.init_pid, "/root/tmp").c_str(),
-                        O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (parts.tmp_fd < 0) {
-      const std::string why = strerror(errno);
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-      ChildReaper::Release(pid);
-      return absl::FailedPreconditionError(
-          absl::StrCat("local: cannot open the sandbox container's /tmp (", why, ")"));
-    }
   }
   ok = true;
   auto sandbox =

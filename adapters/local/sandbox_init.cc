@@ -368,8 +368,28 @@ int main() {
   int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
   if (sfd < 0) return 1;
   fcntl(kCtlFd, F_SETFD, FD_CLOEXEC);
-  // Ready: the broker learns our host pid from the credentials it receives.
-  if (send(kCtlFd, "R", 1, MSG_NOSIGNAL) != 1) return 1;
+  // Ready: the broker learns our host pid from the credentials it receives,
+  // and gets the container's /tmp (O_PATH) to reach it by for file calls:
+  // never by /proc/<our pid>, which needs ptrace rights over us (we are not
+  // dumpable) and names another process once we are gone.
+  const int tmp = open("/tmp", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  char ready = 'R';
+  struct iovec iov = {&ready, 1};
+  struct msghdr mh = {};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  alignas(struct cmsghdr) char cbuf[CMSG_SPACE(sizeof(int))] = {};
+  if (tmp >= 0) {
+    mh.msg_control = cbuf;
+    mh.msg_controllen = sizeof(cbuf);
+    struct cmsghdr* cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &tmp, sizeof(int));
+  }
+  if (sendmsg(kCtlFd, &mh, MSG_NOSIGNAL) != 1) return 1;
+  if (tmp >= 0) close(tmp);
 
   // Not zeroed: only the pages messages reach become resident. A megabyte
   // of touched memory here made every run's fork copy and write-protect

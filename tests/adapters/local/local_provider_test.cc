@@ -152,22 +152,39 @@ for fd in (1, 2, 3):
     call("getfd", lambda: libc.syscall(438, pidfd, fd, 0))
 call("attach", lambda: libc.ptrace(16, 1, None, None))
 print(open("/proc/1/status").read().count("TracerPid:\t0"))
+# Read access, which Yama's ptrace_scope does not restrict: refused too.
+try:
+    os.listdir("/proc/1/fd")
+    print("fds listed")
+except PermissionError:
+    print("fds refused")
 )");
-  EXPECT_EQ(r.output, "getfd -1 EPERM\ngetfd -1 EPERM\ngetfd -1 EPERM\nattach -1 EPERM\n1\n")
+  EXPECT_EQ(r.output,
+            "getfd -1 EPERM\ngetfd -1 EPERM\ngetfd -1 EPERM\nattach -1 EPERM\n1\nfds refused\n")
       << r.output;
   // Files in /tmp still move both ways (through the broker's descriptor of
   // the container's /tmp, not a path by pid).
   ASSERT_TRUE(sandbox_->WriteFile("/tmp/in.txt", "to code").ok());
   EXPECT_EQ(Exec(Language::kShell, "cat /tmp/in.txt; echo back > /tmp/out.txt").output, "to code");
   EXPECT_EQ(**sandbox_->ReadFile("/tmp/out.txt"), "back\n");
+  // /tmp itself is a working directory.
+  ExecRequest in_tmp;
+  in_tmp.language = Language::kShell;
+  in_tmp.code = "pwd; ls";
+  in_tmp.cwd = "/tmp";
+  in_tmp.timeout = absl::Seconds(30);
+  auto listed = sandbox_->Exec(in_tmp);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->output, "/tmp\nin.txt\nout.txt\n");
 }
 
 TEST_F(LocalProviderTest, BackgroundOutputAfterARunCostsTheBrokerLittleCpu) {
   // Two writers that never pause, left behind by a run: their pipes are
   // still read (they live on, no SIGPIPE) but at a bounded rate, so they
   // block on full pipes instead of keeping a broker core busy.
-  ExecResult r =
-      Exec(Language::kShell, "yes & echo $! > /tmp/y1; yes >&2 & echo $! > /tmp/y2; echo started");
+  ExecResult r = Exec(Language::kShell,
+                      "yes & echo $! > /tmp/y1; yes >&2 & echo $! > /tmp/y2;"
+                      " (head -c 400000 /dev/zero; touch /tmp/wrote) & echo started");
   EXPECT_EQ(r.exit_code, 0);  // its output may hold some of the writers' too
   auto cpu = [] {
     struct rusage u;
@@ -181,6 +198,13 @@ TEST_F(LocalProviderTest, BackgroundOutputAfterARunCostsTheBrokerLittleCpu) {
   EXPECT_EQ(Exec(Language::kShell, "kill -0 $(cat /tmp/y1) && kill -0 $(cat /tmp/y2) && echo alive")
                 .output,
             "alive\n");
+  // Throttled, not stopped: a bounded writer gets its 400 KB out (the first
+  // 256 KiB at once, the rest within a few seconds).
+  EXPECT_EQ(Exec(Language::kShell,
+                 "for i in $(seq 300); do [ -e /tmp/wrote ] && break; sleep 0.1; done;"
+                 " [ -e /tmp/wrote ] && echo wrote")
+                .output,
+            "wrote\n");
 }
 
 TEST_F(LocalProviderTest, NetworkIsBlocked) {
