@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -362,14 +363,22 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
       const absl::Duration sweep_every = absl::Seconds(self->config_.orphan_sweep_interval_seconds);
       absl::Time next_reap = clock->Monotonic() + reap_every;
       absl::Time next_sweep = clock->Monotonic() + sweep_every;
+      absl::Duration resolve_backoff = reap_every;
+      absl::Time next_resolve = clock->Monotonic() + resolve_backoff;
       while (!self->stop_reaper_.WaitForNotificationWithTimeout(absl::Seconds(1))) {
         self->sessions_->FlushActivity();
         self->FlushUsage();
         self->PublishLimits();
         const absl::Time now = clock->Monotonic();
+        // Rows whose provider could not be listed at start, until it can:
+        // each try may block this thread for a request timeout, so they
+        // back off (the reap interval, doubling, up to the sweep interval).
+        if (unresolved > 0 && now >= next_resolve) {
+          unresolved = self->sessions_->ResolvePending();
+          resolve_backoff = std::min(resolve_backoff * 2, std::max(reap_every, sweep_every));
+          next_resolve = clock->Monotonic() + resolve_backoff;
+        }
         if (now >= next_reap) {
-          // Rows whose provider could not be listed at start, until it can.
-          if (unresolved > 0) unresolved = self->sessions_->ResolvePending();
           self->sessions_->RunOnce();
           next_reap = now + reap_every;
         }

@@ -1299,8 +1299,10 @@ int SessionManager::ResolvePending() {
     absl::StatusOr<std::vector<OwnedSandbox>> owned =
         p.ok() ? (*p)->ListOwned(deployment_id_)
                : absl::StatusOr<std::vector<OwnedSandbox>>(p.status());
-    // A provider no longer configured has nothing to adopt from: forgotten.
-    listed[s->provider] = owned.ok() || !p.ok();
+    // A provider no longer configured, or one that cannot list at all, has
+    // nothing to adopt from: forgotten (as AdoptGone treats UNIMPLEMENTED).
+    listed[s->provider] =
+        owned.ok() || !p.ok() || owned.status().code() == absl::StatusCode::kUnimplemented;
     if (!owned.ok()) {
       Log(LogLevel::kWarning, "state.resolve_list_failed",
           {{"provider", s->provider}, {"error", owned.status().message()}});

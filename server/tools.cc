@@ -284,6 +284,7 @@ bool ParseRunResult(absl::string_view content, pb::RunResult* out) {
       !exit_code->is_number_integer()) {
     return false;
   }
+  if (exit_code->is_number_unsigned() && exit_code->get<uint64_t>() > INT32_MAX) return false;
   const int64_t code = exit_code->get<int64_t>();
   if (code < INT32_MIN || code > INT32_MAX) return false;
   pb::RunResult r;

@@ -83,6 +83,10 @@ absl::StatusOr<ExecuteResult> ParseExecuteResult(absl::string_view text) {
   if (code == j.end() || !code->is_number_integer()) {
     return absl::UnavailableError("daytona: execute response has no integer exitCode");
   }
+  // Unsigned first: get<int64_t> of 2^64-1 would read as -1.
+  if (code->is_number_unsigned() && code->get<uint64_t>() > INT32_MAX) {
+    return absl::UnavailableError("daytona: execute response's exitCode is out of range");
+  }
   const int64_t exit_code = code->get<int64_t>();
   if (exit_code < INT32_MIN || exit_code > INT32_MAX) {
     return absl::UnavailableError("daytona: execute response's exitCode is out of range");

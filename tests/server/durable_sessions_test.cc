@@ -253,7 +253,13 @@ TEST_F(DurableSessionsTest, ACreatingRowWaitsOutAFailedListInsteadOfBeingForgott
   SessionManager& m = Restart();
   ASSERT_EQ(*m.LoadFromStore(), 1);
   world_.list_failures = 2;  // the provider is briefly unreachable
+  // A call that came before the resolution waits, then gets UNAVAILABLE
+  // (it may also come after: the same answer).
+  absl::Status early;
+  std::thread caller([&] { early = m.Acquire("t", "made", &create_).status(); });
   EXPECT_EQ(m.ResolvePending(), 1);
+  caller.join();
+  EXPECT_EQ(early.code(), absl::StatusCode::kUnavailable) << early;
   // Not "not found": the row and the sandbox stay, the orphan sweep (its
   // list failing or not) spares it, and calls say why they cannot go on.
   EXPECT_EQ(m.SweepOrphans(absl::ZeroDuration()), 0);

@@ -283,6 +283,7 @@ TEST(AuditLog, AppendsToItsFile) {
   char tmpl[] = "/tmp/sbaudit-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string path = std::string(tmpl) + "/audit.jsonl";
+  const mode_t umask_was = umask(022);  // a usual umask, which would leave 0644
   for (int i = 0; i < 2; ++i) {  // reopened: appended, not truncated
     auto log = AuditLog::Open(path, &clock);
     ASSERT_TRUE(log.ok()) << log.status();
@@ -299,7 +300,8 @@ TEST(AuditLog, AppendsToItsFile) {
   EXPECT_EQ(nlohmann::json::parse(l2)["event"], "event.1");
   struct stat st;
   ASSERT_EQ(stat(path.c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 0777, 0600u);  // owner-only, whatever the umask
+  EXPECT_EQ(st.st_mode & 0777, 0600u);  // owner-only
+  umask(umask_was);
   unlink(path.c_str());
   rmdir(tmpl);
   auto bad = AuditLog::Open("/nonexistent-dir-sb/audit.jsonl", &clock);

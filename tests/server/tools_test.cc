@@ -139,5 +139,33 @@ TEST(FormatRunResult, AnOomKillIsExplainedInWords) {
   EXPECT_NE(text.find("ran out of memory"), std::string::npos) << text;
 }
 
+TEST(ParseRunResult, ReadsWhatFormatRunResultWritesAndNothingElse) {
+  pb::RunResult r;
+  r.set_output("out\n");
+  r.set_exit_code(137);
+  r.set_truncated(true);
+  r.set_oom_killed(true);
+  pb::RunResult back;
+  ASSERT_TRUE(ParseRunResult(FormatRunResult(r), &back));
+  EXPECT_EQ(back.output(), "out\n");
+  EXPECT_EQ(back.exit_code(), 137);
+  EXPECT_FALSE(back.timed_out());
+  EXPECT_TRUE(back.truncated());
+  EXPECT_TRUE(back.oom_killed());
+  // Anything else (a file's contents, another server's garbage) is refused
+  // and leaves the result untouched.
+  for (const char* text :
+       {R"j({"output": 1, "exitCode": 0})j", R"j({"output": "x", "exitCode": "0"})j",
+        R"j({"output": "x"})j", R"j({"output": "x", "exitCode": 4294967296})j",
+        R"j({"output": "x", "exitCode": 18446744073709551615})j", "[1]", "not json", ""}) {
+    EXPECT_FALSE(ParseRunResult(text, &back)) << text;
+    EXPECT_EQ(back.output(), "out\n") << text;
+  }
+  // Flags of another type read as false.
+  ASSERT_TRUE(ParseRunResult(R"j({"output": "", "exitCode": -1, "timedOut": "yes"})j", &back));
+  EXPECT_EQ(back.exit_code(), -1);
+  EXPECT_FALSE(back.timed_out());
+}
+
 }  // namespace
 }  // namespace sandbox

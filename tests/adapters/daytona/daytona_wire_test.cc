@@ -46,6 +46,7 @@ TEST(DaytonaWire, ToolboxBodiesMatchTheSdkCaptures) {
   EXPECT_EQ(ParseExecuteResult("{}").status().code(), absl::StatusCode::kUnavailable);
   EXPECT_FALSE(ParseExecuteResult(R"j({"exitCode":"0","result":""})j").ok());
   EXPECT_FALSE(ParseExecuteResult(R"j({"exitCode":4294967296,"result":""})j").ok());
+  EXPECT_FALSE(ParseExecuteResult(R"j({"exitCode":18446744073709551615,"result":""})j").ok());
 }
 
 TEST(DaytonaWire, SandboxDto) {
