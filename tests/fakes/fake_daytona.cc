@@ -38,8 +38,8 @@ struct Box {
   std::map<std::string, std::string> env;
   std::map<std::string, std::string> labels;
   std::string state = "started";
-  int64_t auto_stop = 15;    // minutes, 0 = disabled
-  int64_t auto_delete = -1;  // minutes, <0 = disabled, 0 = on stop
+  int64_t auto_stop = 15;                 // minutes, 0 = disabled
+  int64_t auto_delete = -1;               // minutes, <0 = disabled, 0 = on stop
   int64_t cpu = 1, memory = 1, disk = 3;  // as asked for (CPUs, GiB, GiB), else these
   absl::Time created_wall;
   absl::Time last_activity;  // monotonic

@@ -27,13 +27,20 @@ using C = absl::StatusCode;
 enum class Garbage { kTruncated, kWrongTypes, kHtml, kHuge200, kHuge500, kStall, kSlowloris };
 const char* Name(Garbage g) {
   switch (g) {
-    case Garbage::kTruncated: return "truncated";
-    case Garbage::kWrongTypes: return "wrong-types";
-    case Garbage::kHtml: return "html";
-    case Garbage::kHuge200: return "huge-200";
-    case Garbage::kHuge500: return "huge-500";
-    case Garbage::kStall: return "stall";
-    case Garbage::kSlowloris: return "slowloris";
+    case Garbage::kTruncated:
+      return "truncated";
+    case Garbage::kWrongTypes:
+      return "wrong-types";
+    case Garbage::kHtml:
+      return "html";
+    case Garbage::kHuge200:
+      return "huge-200";
+    case Garbage::kHuge500:
+      return "huge-500";
+    case Garbage::kStall:
+      return "stall";
+    case Garbage::kSlowloris:
+      return "slowloris";
   }
   return "?";
 }
@@ -111,19 +118,20 @@ class GarbageServer {
       case Garbage::kHuge500: {
         res.status = g == Garbage::kHuge200 ? 200 : 500;
         // 300 MiB, above the HTTP client's 256 MiB response limit.
-        res.set_chunked_content_provider(
-            "application/json", [this](size_t offset, httplib::DataSink& sink) {
-              static const std::string chunk(1 << 20, 'x');
-              if (stop_ || offset >= (size_t{300} << 20)) {
-                sink.done();
-                return true;
-              }
-              return sink.write(chunk.data(), chunk.size());
-            });
+        res.set_chunked_content_provider("application/json",
+                                         [this](size_t offset, httplib::DataSink& sink) {
+                                           static const std::string chunk(1 << 20, 'x');
+                                           if (stop_ || offset >= (size_t{300} << 20)) {
+                                             sink.done();
+                                             return true;
+                                           }
+                                           return sink.write(chunk.data(), chunk.size());
+                                         });
         return;
       }
       case Garbage::kStall:  // accepts, reads the request, never answers
-        for (int i = 0; i < 200 && !stop_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        for (int i = 0; i < 200 && !stop_; ++i)
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
         res.status = 500;
         return;
       case Garbage::kSlowloris:  // headers, then a byte every 100 ms forever
@@ -152,27 +160,25 @@ constexpr int kRequestTimeoutSeconds = 2;
 class ProviderGarbageTest : public BrokerFixture {
  protected:
   void SetUp() override {
-    nlohmann::json extra = {
-        {"providers",
-         {{"e2b",
-           {{"api_key", "e2b_test_key"},
-            {"api_url", garbage_.url()},
-            {"sandbox_url", garbage_.url()},
-            {"request_timeout_seconds", kRequestTimeoutSeconds},
-            {"retries", 0}}},
-          {"daytona",
-           {{"api_key", "dtn_test_key"},
-            {"api_url", garbage_.url() + "/api"},
-            {"request_timeout_seconds", kRequestTimeoutSeconds},
-            {"create_timeout_seconds", kRequestTimeoutSeconds}}}}}};
+    nlohmann::json extra = {{"providers",
+                             {{"e2b",
+                               {{"api_key", "e2b_test_key"},
+                                {"api_url", garbage_.url()},
+                                {"sandbox_url", garbage_.url()},
+                                {"request_timeout_seconds", kRequestTimeoutSeconds},
+                                {"retries", 0}}},
+                              {"daytona",
+                               {{"api_key", "dtn_test_key"},
+                                {"api_url", garbage_.url() + "/api"},
+                                {"request_timeout_seconds", kRequestTimeoutSeconds},
+                                {"create_timeout_seconds", kRequestTimeoutSeconds}}}}}};
     StartBroker(extra.dump());
   }
 
   // One call through the broker; checks its code, the time it took and the
   // message.
   void Expect(const std::string& provider, const std::string& what,
-                      const std::function<grpc::Status(grpc::ClientContext*)>& call,
-                      absl::Duration limit) {
+              const std::function<grpc::Status(grpc::ClientContext*)>& call, absl::Duration limit) {
     auto ctx = Ctx();
     ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     const absl::Time start = absl::Now();
@@ -209,15 +215,16 @@ TEST_F(ProviderGarbageTest, CreationFailsCleanlyOnEveryKindOfGarbage) {
       for (Garbage g : kAll) {
         garbage_.Set(g);
         const std::string what = provider + "/" + Name(g);
-        Expect(provider, what,
-               [&](grpc::ClientContext* ctx) {
-                 pb::StartSessionRequest req;
-                 req.set_session_id("g-" + provider);
-                 req.mutable_spec()->set_provider(provider);
-                 pb::SessionInfo info;
-                 return stub_->StartSession(ctx, req, &info);
-               },
-               limit);
+        Expect(
+            provider, what,
+            [&](grpc::ClientContext* ctx) {
+              pb::StartSessionRequest req;
+              req.set_session_id("g-" + provider);
+              req.mutable_spec()->set_provider(provider);
+              pb::SessionInfo info;
+              return stub_->StartSession(ctx, req, &info);
+            },
+            limit);
         ExpectNoSessions();
       }
     }
@@ -250,39 +257,42 @@ TEST_F(ProviderGarbageTest, E2BRunsFailCleanlyWhenEnvdAnswersGarbage) {
           << s.error_code() << " " << s.error_message();
       continue;
     }
-    Expect("e2b", what,
-           [&](grpc::ClientContext* ctx) {
-             pb::RunRequest req;
-             req.set_session_id("g-run");
-             req.set_code("print(1)");
-             req.set_timeout_seconds(3);
-             req.mutable_spec()->set_provider("e2b");
-             pb::RunResult out;
-             return stub_->Run(ctx, req, &out);
-           },
-           absl::Seconds(3 + kRequestTimeoutSeconds + 3));
+    Expect(
+        "e2b", what,
+        [&](grpc::ClientContext* ctx) {
+          pb::RunRequest req;
+          req.set_session_id("g-run");
+          req.set_code("print(1)");
+          req.set_timeout_seconds(3);
+          req.mutable_spec()->set_provider("e2b");
+          pb::RunResult out;
+          return stub_->Run(ctx, req, &out);
+        },
+        absl::Seconds(3 + kRequestTimeoutSeconds + 3));
     // File bodies are raw bytes: any 200 reply is a file's contents, so only
     // bad statuses, oversized bodies and slow replies must fail.
     if (g == Garbage::kWrongTypes || g == Garbage::kHtml) continue;
-    Expect("e2b", std::string("e2b write/") + Name(g),
-           [&](grpc::ClientContext* ctx) {
-             pb::WriteFileRequest req;
-             req.set_session_id("g-run");
-             req.set_path("a.txt");
-             req.set_contents("x");
-             pb::WriteFileResponse out;
-             return stub_->WriteFile(ctx, req, &out);
-           },
-           absl::Seconds(kRequestTimeoutSeconds + 3));
-    Expect("e2b", std::string("e2b read/") + Name(g),
-           [&](grpc::ClientContext* ctx) {
-             pb::ReadFileRequest req;
-             req.set_session_id("g-run");
-             req.set_path("a.txt");
-             pb::ReadFileResponse out;
-             return stub_->ReadFile(ctx, req, &out);
-           },
-           absl::Seconds(kRequestTimeoutSeconds + 3));
+    Expect(
+        "e2b", std::string("e2b write/") + Name(g),
+        [&](grpc::ClientContext* ctx) {
+          pb::WriteFileRequest req;
+          req.set_session_id("g-run");
+          req.set_path("a.txt");
+          req.set_contents("x");
+          pb::WriteFileResponse out;
+          return stub_->WriteFile(ctx, req, &out);
+        },
+        absl::Seconds(kRequestTimeoutSeconds + 3));
+    Expect(
+        "e2b", std::string("e2b read/") + Name(g),
+        [&](grpc::ClientContext* ctx) {
+          pb::ReadFileRequest req;
+          req.set_session_id("g-run");
+          req.set_path("a.txt");
+          pb::ReadFileResponse out;
+          return stub_->ReadFile(ctx, req, &out);
+        },
+        absl::Seconds(kRequestTimeoutSeconds + 3));
   }
   pb::CloseSessionRequest close;
   close.set_session_id("g-run");

@@ -284,7 +284,7 @@ TEST(AuditLog, AppendsToItsFile) {
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string path = std::string(tmpl) + "/audit.jsonl";
   const mode_t umask_was = umask(022);  // a usual umask, which would leave 0644
-  for (int i = 0; i < 2; ++i) {  // reopened: appended, not truncated
+  for (int i = 0; i < 2; ++i) {         // reopened: appended, not truncated
     auto log = AuditLog::Open(path, &clock);
     ASSERT_TRUE(log.ok()) << log.status();
     AuditEvent e;

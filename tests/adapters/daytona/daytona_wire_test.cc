@@ -12,8 +12,9 @@ TEST(DaytonaWire, CreateBodyCarriesResourcesInCpusAndGib) {
   p.cpu = 2;
   p.memory_gib = 4;
   p.disk_gib = 10;
-  EXPECT_EQ(CreateSandboxBody(p),
-            R"j({"env":{},"labels":{"code-toolbox-language":"python"},"cpu":2,"memory":4,"disk":10})j");
+  EXPECT_EQ(
+      CreateSandboxBody(p),
+      R"j({"env":{},"labels":{"code-toolbox-language":"python"},"cpu":2,"memory":4,"disk":10})j");
 }
 
 TEST(DaytonaWire, CreateBodyMatchesTheSdkCapture) {
