@@ -11,7 +11,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 BUILD_PACKAGES=(build-essential cmake pkg-config ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev nlohmann-json3-dev libcurl4-openssl-dev prometheus-cpp-dev
-  libgtest-dev libgmock-dev libcpp-httplib-dev libseccomp-dev libsqlite3-dev libevent-dev)
+  libseccomp-dev libsqlite3-dev libevent-dev libssl-dev)
 # What sandbox-brokerd and sandboxctl load, and what the local provider runs.
 RUNTIME_PACKAGES=(ca-certificates bubblewrap python3 nodejs procps
   libgrpc++1.51 libprotobuf32 libabsl20220623 libcurl4

@@ -1,26 +1,38 @@
 #!/usr/bin/env bash
 # Installs what building, running and testing the broker needs, from Debian 12
 # packages. Installs only what is missing; safe to run again.
+#
+#   install-deps.sh           everything: the daemon, the tests and CI's jobs
+#   install-deps.sh --daemon  only what building and running the daemon needs
+#                             (scripts/quickstart.sh)
 set -euo pipefail
 
-PACKAGES=(
-  build-essential cmake pkg-config git ca-certificates
+# Building sandbox-brokerd, sandboxctl and sandbox-init, and what the local
+# provider runs (bubblewrap, the interpreters, mkfs.ext4 and mount for the
+# workspace disk).
+DAEMON_PACKAGES=(
+  build-essential cmake pkg-config ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev nlohmann-json3-dev libcurl4-openssl-dev
-  libgtest-dev libgmock-dev libcpp-httplib-dev
-  bubblewrap python3 python3-grpcio python3-yaml openssl prometheus-cpp-dev
-  libseccomp-dev e2fsprogs mount
+  libabsl-dev nlohmann-json3-dev libcurl4-openssl-dev prometheus-cpp-dev
+  libseccomp-dev libsqlite3-dev libevent-dev libssl-dev
+  bubblewrap python3 e2fsprogs mount procps
+)
+# The tests, the judges and CI's jobs.
+TEST_PACKAGES=(
+  git openssl libgtest-dev libgmock-dev libcpp-httplib-dev python3-grpcio python3-yaml
   podman runc catatonit debootstrap  # deploy/podman-ci.sh: the container image job
   # Hardening: libFuzzer targets (scripts/fuzz.sh) build with clang.
   clang-14 libfuzzer-14-dev
-  libsqlite3-dev
-  libevent-dev  # the MCP listener (evhttp)
   etcd-server etcd-client  # the etcd store's tests start a real etcd
 )
+daemon_only=false
+[ "${1:-}" = --daemon ] && daemon_only=true
+PACKAGES=("${DAEMON_PACKAGES[@]}")
+$daemon_only || PACKAGES+=("${TEST_PACKAGES[@]}")
 # The local provider runs node; keep a node that is already there (it may be
 # newer than Debian's), else take Debian's.
 command -v node >/dev/null 2>&1 || PACKAGES+=(nodejs)
-command -v npm >/dev/null 2>&1 || PACKAGES+=(npm)
+$daemon_only || command -v npm >/dev/null 2>&1 || PACKAGES+=(npm)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -34,6 +46,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+
+$daemon_only && exit 0
 
 # npm packages (lockfiles committed), for the example clients and the
 # conformance tests.

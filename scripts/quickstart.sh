@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
-# Quick start: installs what is missing, builds, and runs the broker with the
+# Quick start: installs only what the daemon needs (apt), builds only
+# sandbox-brokerd, sandboxctl and sandbox-init (tests off), and serves the
 # local provider on 127.0.0.1:50051 (foreground; Ctrl-C stops it).
 # Extra arguments go to sandbox-brokerd (e.g. --config FILE, --listen ADDR).
+# Works from wherever the project was cloned (/root/project included).
+#
+# env: BUILD_DIR (default build), JOBS (default 2),
+#      QUICKSTART_NO_SERVE=1 builds and stops there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install-deps.sh
-bash scripts/build.sh
-exec ./build/sandbox-brokerd "$@"
+build=${BUILD_DIR:-build}
+bash scripts/install-deps.sh --daemon
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" \
+  -DSANDBOX_BROKER_TESTS=OFF >/dev/null
+cmake --build "$build" -j"${JOBS:-2}" --target sandbox-brokerd sandboxctl sandbox-init
+[ -n "${QUICKSTART_NO_SERVE:-}" ] && exit 0
+exec "./$build/sandbox-brokerd" "$@"

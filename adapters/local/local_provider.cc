@@ -154,6 +154,63 @@ absl::Status MakeDirs(const std::string& path, mode_t mode) {
   return absl::OkStatus();
 }
 
+// The first directory on the way to `path` (itself included) that a
+// process of another uid cannot search; empty when there is none.
+std::string FirstDirClosedToOthers(const std::string& path) {
+  std::string cur;
+  for (size_t i = 1; i <= path.size(); ++i) {
+    if (i != path.size() && path[i] != '/') continue;
+    cur = path.substr(0, i);
+    struct stat st;
+    if (stat(cur.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & S_IXOTH) == 0) {
+      return cur;
+    }
+  }
+  return "";
+}
+
+// sandbox-init is bound into each container by path, as the sandbox's own
+// uid: a copy in workspace_root (which that uid must reach anyway) rather
+// than the build or install directory, which may sit under a directory
+// closed to it (a clone in /root, mode 0700). Replaced by rename when it
+// differs, so a running container's copy is never rewritten in place.
+absl::StatusOr<std::string> CopyInitIntoWorkspaceRoot(const std::string& init_path,
+                                                      const std::string& root) {
+  const std::string copy = root + "/.sandbox-init";
+  auto read = [](const std::string& path, std::string* out) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    *out = ss.str();
+    return static_cast<bool>(in);
+  };
+  std::string want, have;
+  if (!read(init_path, &want) || want.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("local: cannot read sandbox-init at ", init_path));
+  }
+  if (read(copy, &have) && have == want) return copy;
+  const std::string tmp = absl::StrCat(copy, ".", RandomHex(6), ".new");
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0755);
+  size_t done = 0;
+  while (fd >= 0 && done < want.size()) {
+    ssize_t n = write(fd, want.data() + done, want.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  bool ok = fd >= 0 && done == want.size() && fchmod(fd, 0755) == 0 && fsync(fd) == 0;
+  if (fd >= 0) close(fd);
+  ok = ok && rename(tmp.c_str(), copy.c_str()) == 0;
+  if (!ok) {
+    const int err = errno;
+    unlink(tmp.c_str());
+    return absl::FailedPreconditionError(
+        absl::StrCat("local: cannot copy sandbox-init to ", copy, ": ", strerror(err)));
+  }
+  return copy;
+}
+
 std::string DefaultInitPath() {
   char buf[4096];
   ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
@@ -1470,7 +1527,7 @@ std::vector<std::string> LocalProvider::ContainerArgs(const std::string& dir,
   } else {
     a.insert(a.end(), {"--perms", "1777", "--tmpfs", "/tmp"});
   }
-  a.insert(a.end(), {"--bind", workspace, config_.mount_point, "--ro-bind", config_.init_path,
+  a.insert(a.end(), {"--bind", workspace, config_.mount_point, "--ro-bind", init_copy_,
                      "/.sandbox-init", "--seccomp", "4", "--chdir", config_.mount_point, "--",
                      "/.sandbox-init"});
   return a;
@@ -1854,6 +1911,15 @@ absl::Status LocalProvider::ProbeEnforcement() {
                        "); one sandbox can take the host's memory, CPU or disk")}});
     return absl::OkStatus();
   }
+  if (geteuid() != 0) {
+    // The usual cause, said in one line: what to do, and what the other
+    // way gives up.
+    return absl::FailedPreconditionError(
+        "local: per-sandbox limits (cgroups, the workspace disk quota) need root: run "
+        "sandbox-brokerd as root (sudo), or set providers.local.enforcement to "
+        "\"best_effort\", which runs sandboxes isolated but WITHOUT memory, CPU, process "
+        "and disk limits");
+  }
   return absl::FailedPreconditionError(absl::StrCat(
       "local: cannot enforce sandbox limits here: ", absl::StrJoin(missing, "; "),
       ". Fix that, or set providers.local.enforcement to \"best_effort\" to run without them"));
@@ -1910,6 +1976,8 @@ absl::Status LocalProvider::Probe() {
                      " (install it next to the broker, or set providers.local.init_path)"));
   }
   if (config_.isolation != "none") {
+    ASSIGN_OR_RETURN(init_copy_, CopyInitIntoWorkspaceRoot(config_.init_path,
+                                                           config_.workspace_root));
     ASSIGN_OR_RETURN(seccomp_bpf_, BuildSeccompBpf());
   }
   RETURN_IF_ERROR(ProbeEnforcement());
@@ -1938,10 +2006,12 @@ absl::Status LocalProvider::Probe() {
     probed = ProbeSandbox();
   }
   if (absl::Status s = probed; !s.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("local: bubblewrap cannot create the sandbox container here (", s.message(),
-                     "); enable unprivileged user namespaces, or set "
-                     "providers.local.isolation to \"none\" for development only"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "local: bubblewrap cannot create the sandbox container here (", s.message(), "); ",
+        geteuid() == 0 ? "the kernel must allow user namespaces (sysctl user.max_user_namespaces)"
+                       : "enable unprivileged user namespaces (sysctl "
+                         "kernel.unprivileged_userns_clone=1), or run as root",
+        "; providers.local.isolation \"none\" runs code unisolated, for development only"));
   }
   return absl::OkStatus();
 }
@@ -1958,6 +2028,20 @@ absl::StatusOr<std::unique_ptr<LocalProvider>> LocalProvider::Create(LocalConfig
   std::shared_ptr<UidPool> uids;
   if (geteuid() == 0 && config.isolation == "bwrap") {
     uids = std::make_shared<UidPool>(config.uid_base, config.uid_count);
+    // Each sandbox runs as a uid of its own, which must reach its workspace.
+    if (std::string closed = FirstDirClosedToOthers(config.workspace_root); !closed.empty()) {
+      struct stat st {};
+      stat(closed.c_str(), &st);
+      char mode[8];
+      snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "local: sandboxes run as uids of their own and cannot reach "
+          "providers.local.workspace_root ",
+          config.workspace_root, ": ", closed, " is mode ", mode,
+          ", closed to other users; set workspace_root under a directory all can search "
+          "(the default is /var/lib/sandbox-broker/workspaces), or chmod o+x ",
+          closed));
+    }
   }
   if (config.isolation == "none") {
     Log(LogLevel::kWarning, "local.isolation_none",

@@ -184,6 +184,9 @@ class LocalProvider final : public Provider {
   std::vector<std::string> proc_masks_;   // bwrap options masking /proc paths
   std::vector<std::string> user_args_;    // bwrap options for user_name
   std::string seccomp_bpf_;
+  // sandbox-init's copy in workspace_root, which containers bind (see
+  // CopyInitIntoWorkspaceRoot).
+  std::string init_copy_;
   LocalEnforcement enforcement_;
   mutable std::atomic<int> runs_in_flight_{0};
   std::unique_ptr<CgroupFs> cgroups_;  // null when not enforced

@@ -703,6 +703,60 @@ TEST(LocalProviderConfig, BadValuesAreNamed) {
   EXPECT_EQ(mp.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A clone under /root (mode 0700): the sandbox's own uid cannot reach
+// sandbox-init by path, and it need not (bubblewrap mounts it from a
+// descriptor the broker opened).
+TEST(LocalProviderStartup, SandboxInitUnderADirectoryClosedToOthersStillStarts) {
+  TempDir dir;
+  const std::string closed = dir.path() + "/home", init = closed + "/sandbox-init";
+  ASSERT_EQ(mkdir(closed.c_str(), 0700), 0);
+  char exe[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  ASSERT_GT(n, 0);
+  std::string built(exe, static_cast<size_t>(n));
+  built = built.substr(0, built.rfind('/') + 1) + "sandbox-init";
+  {
+    std::ifstream from(built, std::ios::binary);
+    std::ofstream to(init, std::ios::binary);
+    to << from.rdbuf();
+  }
+  ASSERT_EQ(chmod(init.c_str(), 0700), 0);
+  LocalConfig c;
+  c.workspace_root = dir.path() + "/ws";
+  c.uid_base = 618000;
+  c.init_path = init;
+  auto p = LocalProvider::Create(c);
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto sb = (*p)->Create(SandboxSpec{});
+  ASSERT_TRUE(sb.ok()) << sb.status();
+  ExecRequest r;
+  r.language = Language::kShell;
+  r.code = "echo ok";
+  auto res = (*sb)->Exec(r);
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_EQ(res->output, "ok\n");
+  EXPECT_TRUE((*sb)->Destroy().ok());
+}
+
+// A workspace_root the sandboxes' uids cannot reach is refused at start,
+// naming the directory that closes the way and the fix.
+TEST(LocalProviderStartup, WorkspaceRootClosedToOthersIsRefusedNamingTheDirectory) {
+  if (geteuid() != 0) GTEST_SKIP() << "sandboxes get uids of their own only as root";
+  TempDir dir;
+  const std::string closed = dir.path() + "/home";
+  ASSERT_EQ(mkdir(closed.c_str(), 0700), 0);
+  LocalConfig c;
+  c.workspace_root = closed + "/ws";
+  c.uid_base = 619000;
+  auto p = LocalProvider::Create(c);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(p.status().message().find(closed + " is mode 0700"), absl::string_view::npos)
+      << p.status();
+  EXPECT_NE(p.status().message().find("chmod o+x " + closed), absl::string_view::npos)
+      << p.status();
+}
+
 TEST(LocalProviderStartup, MissingBubblewrapFailsClearly) {
   TempDir dir;
   LocalConfig c;
