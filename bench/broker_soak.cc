@@ -1,4 +1,4 @@
-// broker_soak: the daemon under a long, realistic mix (README "Hardening").
+// broker_soak: the daemon under a long, realistic mix (docs/hardening.md).
 //
 //   broker_soak --provider=local --duration=600      the 10-minute figures
 //   broker_soak --provider=echo --duration=600       the broker alone

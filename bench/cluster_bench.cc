@@ -1,4 +1,4 @@
-// More than one broker, measured (README "Running more than one broker"):
+// More than one broker, measured (docs/cluster.md):
 // three sandbox-brokerd replicas (processes, echo provider) on a real etcd
 // started here on loopback.
 //

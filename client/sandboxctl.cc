@@ -49,7 +49,7 @@ commands:
   call-tool NAME JSON|- execute a tool call; prints its content (exit 1 if is_error)
   health [SERVICE]      grpc.health.v1 check (no token); exit 0 only when SERVING
   mcp                   serve MCP over stdio (both 2025-11-25 and 2026-07-28), forwarding
-                        tool calls to the broker (see README "MCP")
+                        tool calls to the broker (see docs/mcp.md)
 
 admin commands (the Admin API; --admin-token or $SANDBOX_BROKER_ADMIN_TOKEN):
   admin sessions        every tenant's sessions (filters: --tenant, --provider,

@@ -1,4 +1,4 @@
-# Hardening builds (README "Hardening").
+# Hardening builds (docs/hardening.md).
 #
 # SANDBOX_BROKER_SANITIZE=address: AddressSanitizer + UndefinedBehaviorSanitizer
 #   (any UB report aborts, so a test fails on it). Used with gcc, the project's

@@ -1,4 +1,4 @@
-# Hardening targets (README "Hardening"); included after every other target.
+# Hardening targets (docs/hardening.md); included after every other target.
 add_subdirectory(fuzz)
 
 if(SANDBOX_BROKER_TESTS)
@@ -8,7 +8,7 @@ if(SANDBOX_BROKER_TESTS)
   target_compile_definitions(broker_soak PRIVATE BROKERD_PATH="$<TARGET_FILE:sandbox-brokerd>")
   add_dependencies(broker_soak sandbox-brokerd)
   # Short versions, so the harness cannot rot (the 10-minute figures are in
-  # README "Hardening").
+  # docs/hardening.md).
   add_test(NAME soak_short_echo COMMAND broker_soak --provider=echo --duration=15 --workers=4
     --sessions=1000 --sample=1)
   add_test(NAME soak_short_local COMMAND broker_soak --provider=local --duration=30 --workers=4

@@ -8,7 +8,7 @@
 #      docker with a registry, and `podman build --pull=never` works here).
 #      The rootfs tarballs are cached in $CACHE and reused when present.
 #   2. podman build of the Dockerfile.
-#   3. the README's podman run line; wait for the image's HEALTHCHECK to pass;
+#   3. the documented podman run line (docs/operations.md); wait for the image's HEALTHCHECK to pass;
 #      drive it with sandboxctl from the host (python, node, shell, files, a
 #      timeout); 3,000 short runs, none may fail, no zombie may be left (ps
 #      inside); SIGTERM: exit 0 within the drain grace.
@@ -262,14 +262,14 @@ uidgid=$(podman run --rm "${TWEAKS[@]}" --entrypoint id "$IMAGE" -u 2>>"$PLOG"):
 debs=$(podman run --rm "${TWEAKS[@]}" --user 0 --entrypoint sh "$IMAGE" -c '{ find /var/cache/apt/archives -name "*.deb"; find /var/lib/apt/lists -type f ! -name lock; } | wc -l' 2>>"$PLOG")
 [ "$debs" = 0 ] || fail "apt caches left in the image ($debs entries)"
 
-# ---- 3. the README's run line -------------------------------------------------------
+# ---- 3. the documented run line -------------------------------------------------------
 
-# The README's podman line, with a name and a free host port; then the
+# The documented podman line, with a name and a free host port; then the
 # machine's tweaks.
 GRPC_PORT=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 METRICS_PORT=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 ADDR=127.0.0.1:$GRPC_PORT
-say "podman run (README line) on $ADDR, metrics on 127.0.0.1:$METRICS_PORT"
+say "podman run (documented line) on $ADDR, metrics on 127.0.0.1:$METRICS_PORT"
 podman run -d --name "$CTR" -p "127.0.0.1:$GRPC_PORT:50051" -p "127.0.0.1:$METRICS_PORT:9090" \
   --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
   --security-opt unmask=ALL \

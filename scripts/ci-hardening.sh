@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI's hardening steps (README "Hardening") beside the README's test command,
+# CI's hardening steps (docs/hardening.md) beside the README's test command,
 # which already runs the whole suite under ASan+UBSan (scripts/test.sh):
 #   1. TSan: broker_tests, which includes the concurrency core (session
 #      table, single-flight, reaper, close races, streaming, cancellation)

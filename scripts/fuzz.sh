@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs a libFuzzer target (README "Hardening"). Usage:
+# Runs a libFuzzer target (docs/hardening.md). Usage:
 #   scripts/fuzz.sh TARGET SECONDS [libFuzzer flags...]   # e.g. e2b_envelope 60
 #   scripts/fuzz.sh all SECONDS                           # every target in turn
 #   scripts/fuzz.sh list

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sanitizer suites (README "Hardening"). Usage:
+# Sanitizer suites (docs/hardening.md). Usage:
 #   scripts/sanitize-test.sh address [ctest args...]   # ASan+UBSan, build-asan/
 #   scripts/sanitize-test.sh thread  [ctest args...]   # TSan, build-tsan/
 # Both use gcc (the compiler Debian's gRPC/Abseil were built with; ccache

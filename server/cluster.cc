@@ -58,7 +58,7 @@ class ClusterStore final : public SessionStore {
     return etcd_->TouchSessions(touches);
   }
 
-  // Run results stay with the replica that ran them (see README).
+  // Run results stay with the replica that ran them (see docs/cluster.md).
   absl::StatusOr<std::vector<RunRecord>> LoadRuns() override { return std::vector<RunRecord>{}; }
   absl::Status PutRun(const RunRecord& r) override { return etcd_->PutRun(r); }
   absl::Status DeleteRun(const std::string& tenant, const std::string& id,

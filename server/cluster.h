@@ -1,6 +1,6 @@
 #pragma once
 
-// More than one broker (issue #13; README "Running more than one broker"):
+// More than one broker (issue #13; docs/cluster.md):
 // N replicas share sessions through etcd, one owner replica per session.
 //
 // - Membership: each replica registers its id and advertise address under

@@ -5,7 +5,7 @@
 // primitives routing/forwarding/takeover will be built on (membership under
 // leases, one owner per session, fenced writes). The broker selects it with
 // state.backend "etcd", one broker per prefix for now (LockPrefix); see
-// README "etcd backend (groundwork)".
+// docs/durability.md.
 //
 // Key layout, all under the configured prefix P (default "/sandbox-broker/");
 // each <component> is escaped ('%' -> %25, '/' -> %2F, bytes < 0x20 and

@@ -22,7 +22,7 @@ constexpr char kUsage[] =
     "usage: sandbox-brokerd [--config FILE] [--listen ADDR] [--check-config]\n"
     "\n"
     "Serves the sandboxbroker.v1.SandboxBroker gRPC API.\n"
-    "  --config FILE   JSON config (see README, Configuration)\n"
+    "  --config FILE   JSON config (see docs/config.md)\n"
     "  --listen ADDR   overrides the config's listen address (host:port)\n"
     "  --check-config  validate the config (and each provider's section), then exit\n"
     "Signals: SIGTERM/SIGINT drain gracefully (drain_grace_seconds); a second one\n"
@@ -38,7 +38,7 @@ int Fail(const std::string& msg) {
 
 int main(int argc, char** argv) {
   using namespace sandbox;
-  // Before any thread: the soak's RSS slope (README "Hardening").
+  // Before any thread: the soak's RSS slope (docs/hardening.md).
   const ServingDefaults defaults = ApplyServingDefaults();
   std::string config_path, listen;
   bool check_only = false;

@@ -43,7 +43,7 @@ class Metrics {
   void OomKilled(const std::string& provider);
   // A write refused by a sandbox quota (`what`: "disk").
   void QuotaHit(const std::string& provider, const std::string& what);
-  // Backpressure (README "Limits"): a call refused by `limit` (its config
+  // Backpressure (docs/operations.md): a call refused by `limit` (its config
   // key), and a limit's current slots in use and calls queued.
   void LimitRefused(const std::string& limit);
   void LimitState(const std::string& limit, int64_t in_use, int64_t queued);

@@ -18,7 +18,7 @@
 
 namespace sandbox {
 
-// Per-tenant policy (README "Operators' control"): what each tenant may use,
+// Per-tenant policy (docs/operators.md): what each tenant may use,
 // tightening the broker's and the providers' own maxima, never loosening.
 
 // The most a session may ask for in SessionSpec.resources (0 = no tenant

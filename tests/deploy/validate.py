@@ -190,7 +190,7 @@ def main():
 
 def cluster_checks(brokerd, single_dep, single_svc, single_pdb, single_cm, single_secret):
     """deploy/kubernetes/cluster/: three brokers sharing sessions through the
-    etcd StatefulSet next to them (README "Running more than one broker")."""
+    etcd StatefulSet next to them (docs/cluster.md)."""
     docs = load_dir("cluster")
     by_kind = {}
     for d in docs:

@@ -1,5 +1,5 @@
 // Every gRPC method fed malformed and hostile requests, through the real
-// server (README "Hardening"): oversized fields, invalid UTF-8, NUL bytes,
+// server (docs/hardening.md): oversized fields, invalid UTF-8, NUL bytes,
 // negative and huge numbers, unknown enum values, deeply nested tool
 // arguments, 10k env entries. Each gets the documented code with a bounded
 // message, the daemon stays up, and nothing is left behind.

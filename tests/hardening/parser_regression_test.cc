@@ -1,5 +1,5 @@
 // Regressions for what fuzzing and the hostile-input tests found in the
-// parsers (README "Hardening"). Crashing inputs found by libFuzzer live in
+// parsers (docs/hardening.md). Crashing inputs found by libFuzzer live in
 // fuzz/regressions/<target>/ and are replayed by the fuzz_replay_* ctests.
 
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// Providers answering garbage (README "Hardening"): truncated JSON, wrong
+// Providers answering garbage (docs/hardening.md): truncated JSON, wrong
 // types, HTML, huge bodies, a stalled server and slowloris responses, from a
 // real HTTP server standing in for E2B and Daytona. Every call fails with
 // UNAVAILABLE or INTERNAL naming the provider, within the provider's request

@@ -1,4 +1,4 @@
-// More than one broker (README "Running more than one broker"): three real
+// More than one broker (docs/cluster.md): three real
 // sandbox-brokerd replicas on one real etcd, the fake E2B as a separate
 // process counted through /_fake/stats. Replicas are killed with SIGKILL
 // and paused with SIGSTOP for real; time is waited for only where another

@@ -1,4 +1,4 @@
-// Thousands of calls in flight (README "Concurrency and limits"): calls that
+// Thousands of calls in flight (docs/operations.md): calls that
 // wait hold no thread, and the limits queue, then refuse naming themselves.
 
 #include <sys/epoll.h>
@@ -321,7 +321,7 @@ TEST_F(ConcurrencyTest, RunsPastTheTenantLimitFailNamingIt) {
       << m;
 }
 
-// RunStream flow control end to end (README "Concurrency and limits"): a
+// RunStream flow control end to end (docs/operations.md): a
 // client that stops reading makes the broker stop reading the program's
 // output once its bounded buffer is full, so the program blocks on its pipe
 // instead of the broker's memory growing; when the client reads again,

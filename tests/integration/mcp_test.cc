@@ -255,7 +255,7 @@ TEST_F(McpHttpTest, AnSseAnswerLeftUnreadIsFreedWhenItsClientLeaves) {
       << server_->mcp_http()->requests_waiting();
 }
 
-// SSE flow control (README, "MCP"): a client that stops reading a run's
+// SSE flow control (docs/mcp.md): a client that stops reading a run's
 // progress stream makes the broker stop reading the program's output once
 // the answer's bounded buffer is full, so the program blocks on its pipe
 // instead of the broker's memory growing by the output's size; when the
