@@ -3,6 +3,7 @@
 #include <memory>
 #include <string>
 
+#include "common/event_loop.h"
 #include "sandboxbroker/v1/broker.grpc.pb.h"
 #include "server/mcp_backend.h"
 
@@ -23,6 +24,12 @@ class McpGrpcBackend final : public McpBackend {
   absl::StatusOr<std::vector<pb::Tool>> ListTools(const std::string& tenant) override;
   absl::StatusOr<McpToolOutcome> CallTool(const McpCall& call,
                                           const pb::CallToolRequest& req) override;
+  // CallTool on this backend's own pool (gRPC's blocking client).
+  void CallToolAsync(McpCall call, pb::CallToolRequest req, ToolDone done) override {
+    calls_.Submit([this, call = std::move(call), req = std::move(req), done = std::move(done)] {
+      done(CallTool(call, req));
+    });
+  }
   void CloseSession(const std::string& tenant, const std::string& session_id) override;
 
  private:
@@ -32,6 +39,8 @@ class McpGrpcBackend final : public McpBackend {
 
   const std::shared_ptr<pb::SandboxBroker::StubInterface> stub_;
   const std::string token_;
+  // Last: joined before the stub its tasks use goes.
+  WorkPool calls_{"mcp-grpc-calls", 64};
 };
 
 }  // namespace sandbox

@@ -13,7 +13,8 @@ if(SANDBOX_BROKER_TESTS)
     --sessions=1000 --sample=1)
   add_test(NAME soak_short_local COMMAND broker_soak --provider=local --duration=30 --workers=4
     --sessions=1000 --sample=2)
-  set_tests_properties(soak_short_echo soak_short_local PROPERTIES TIMEOUT 300)
+  set_tests_properties(soak_short_echo soak_short_local PROPERTIES TIMEOUT 300
+    LABELS integration)
 endif()
 
 if(SANDBOX_BROKER_SANITIZE STREQUAL "thread")

@@ -5,6 +5,8 @@
 
 namespace sandbox {
 namespace {
+std::set<std::string>* g_read_keys = nullptr;
+
 const nlohmann::json& NullJson() {
   static const nlohmann::json* j = new nlohmann::json();
   return *j;
@@ -29,12 +31,16 @@ void ConfigReader::Fail(const std::string& key, const std::string& problem) {
   }
 }
 
+void ConfigReader::RecordReadKeys(std::set<std::string>* into) { g_read_keys = into; }
+
 bool ConfigReader::Has(const std::string& key) const {
+  if (g_read_keys != nullptr) g_read_keys->insert(KeyPath(key));
   return json_.is_object() && json_.contains(key);
 }
 
 const nlohmann::json* ConfigReader::Get(const std::string& key) {
   seen_.insert(key);
+  if (g_read_keys != nullptr) g_read_keys->insert(KeyPath(key));
   if (!status_.ok() || !json_.is_object()) return nullptr;
   auto it = json_.find(key);
   if (it == json_.end() || it->is_null()) return nullptr;

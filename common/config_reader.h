@@ -46,6 +46,13 @@ class ConfigReader {
 
   // The first error, or UNKNOWN-key errors; OK when everything was valid.
   absl::Status Finish();
+  // The first error so far, without checking for unknown keys.
+  const absl::Status& status() const { return status_; }
+
+  // Tests: every key path any reader reads or asks about from now on is
+  // added to `*into` (nullptr stops). docs/config.md is checked against it.
+  // Not thread-safe: set it while no other thread reads configuration.
+  static void RecordReadKeys(std::set<std::string>* into);
   const std::string& path() const { return path_; }
   std::string KeyPath(const std::string& key) const;
   void Fail(const std::string& key, const std::string& problem);

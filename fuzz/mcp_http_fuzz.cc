@@ -9,7 +9,7 @@
 // mcp-session-id of "$SID" is replaced by the id a real initialize (tenant
 // a, 2025-11-25) returned, so the legacy session paths are reachable.
 //
-// Invariants: the status is one the README documents; a JSON body is a
+// Invariants: the status is one docs/mcp.md documents; a JSON body is a
 // JSON-RPC 2.0 response object with exactly one of result/error (the server
 // takes no batches), a result has an id, and an error has an integer code and a string message;
 // 202 and DELETE's 200 have no body; a foreign Origin (anything but the

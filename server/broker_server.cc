@@ -175,10 +175,11 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
                                                   config.default_provider, instance_id,
                                                   s->metrics_.get(), s->store_);
   s->sessions_->SetDetachOnShutdown(s->store_->durable() && !config.drain_close_sandboxes);
-  // providers.<name>.max_concurrent_creates (default 64 each).
+  // providers.<name>.max_concurrent_creates (kDefaultMaxConcurrentCreates each).
   for (const std::string& name : s->providers_->Names()) {
     auto it = config.max_concurrent_creates.find(name);
-    const int64_t limit = it == config.max_concurrent_creates.end() ? 64 : it->second;
+    const int64_t limit =
+        it == config.max_concurrent_creates.end() ? kDefaultMaxConcurrentCreates : it->second;
     s->create_limiters_.push_back(std::make_unique<Limiter>(
         absl::StrCat("providers.", name, ".max_concurrent_creates"), limit,
         config.limits.max_queued_calls, absl::Milliseconds(config.limits.queue_timeout_ms)));
@@ -304,8 +305,7 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
   s->port_ = port;
   s->host_ = config.listen.substr(0, config.listen.rfind(':'));
   if (s->cluster_) {
-    // Other replicas reach this one here (README "Running more than one
-    // broker"): the environment, the config, else `listen` with the bound
+    // Other replicas reach this one here (docs/cluster.md): the environment, the config, else `listen` with the bound
     // port (this host's name for a wildcard).
     std::string advertise = config.cluster.advertise_address;
     if (const char* env = getenv("SANDBOX_BROKER_ADVERTISE_ADDRESS"); env != nullptr && *env) {

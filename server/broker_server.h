@@ -124,6 +124,9 @@ class BrokerServer {
   BrokerConfig config_;
   Clock* clock_ = nullptr;
   std::unique_ptr<ProviderRegistry> providers_;
+  // Before sessions_ (and everything else that counts): ~SessionManager
+  // closes sessions, which are counted, so it must go first.
+  std::unique_ptr<Metrics> metrics_;
   // Before sessions_: its destructor closes sessions, which are metered
   // and audited.
   std::unique_ptr<AuditLog> audit_;
@@ -162,7 +165,6 @@ class BrokerServer {
   std::unique_ptr<WorkPool> blocking_;
   std::unique_ptr<Reloader> reloader_;
   std::unique_ptr<AdminService> admin_service_;
-  std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<McpCoreBackend> mcp_backend_;

@@ -266,13 +266,12 @@ absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text) {
     }
     // The broker's key, not the provider's: taken out before the provider
     // reads its object.
-    if (auto m = it.value().find("max_concurrent_creates"); m != it.value().end()) {
-      if (!m->is_number_integer() || m->get<int64_t>() < 1 || m->get<int64_t>() > 100000) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "providers.", it.key(), ".max_concurrent_creates: must be an integer in [1, 100000]"));
-      }
-      c.max_concurrent_creates[it.key()] = m->get<int64_t>();
-      it.value().erase(m);
+    ConfigReader pr(it.value(), absl::StrCat("providers.", it.key()));
+    if (pr.Has("max_concurrent_creates")) {
+      c.max_concurrent_creates[it.key()] =
+          pr.Int("max_concurrent_creates", kDefaultMaxConcurrentCreates, 1, 100000);
+      RETURN_IF_ERROR(pr.status());
+      it.value().erase("max_concurrent_creates");
     }
   }
   for (const auto& [token, name] : c.admin_tokens) {

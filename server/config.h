@@ -12,7 +12,10 @@
 
 namespace sandbox {
 
-// The daemon's configuration (a JSON file; see README "Configuration").
+// providers.<name>.max_concurrent_creates when the key is absent.
+inline constexpr int64_t kDefaultMaxConcurrentCreates = 64;
+
+// The daemon's configuration (a JSON file; see docs/config.md).
 // Unknown keys and bad values are errors that name the key.
 struct BrokerConfig {
   std::string listen = "127.0.0.1:50051";
@@ -33,7 +36,7 @@ struct BrokerConfig {
   // Threads for the calls that must block (file transfers, creates and
   // attaches, session admin); runs and streams hold none while they wait.
   int64_t max_threads = 256;
-  // Backpressure (README "Limits"): past a limit a call waits up to
+  // Backpressure (docs/operations.md): past a limit a call waits up to
   // queue_timeout_ms in a queue of at most max_queued_calls, then gets
   // RESOURCE_EXHAUSTED naming the limit. 0 = unlimited.
   struct Limits {
@@ -43,7 +46,9 @@ struct BrokerConfig {
     int64_t queue_timeout_ms = 5000;
   } limits;
   // providers.<name>.max_concurrent_creates (read here, not by the
-  // provider): creates at once per provider; absent = 64.
+  // provider): session creates at once per provider, absent =
+  // kDefaultMaxConcurrentCreates; also bounds the provider's warm-pool
+  // refills when set (absent: 4 at once).
   std::map<std::string, int64_t> max_concurrent_creates;
   // Serve grpc.reflection (grpcurl-style tools can list and call the API).
   bool reflection = true;
@@ -56,12 +61,12 @@ struct BrokerConfig {
   // true with the memory store.
   bool drain_close_sandboxes = true;
   bool drain_close_sandboxes_set = false;
-  // Durable sessions (README "Durable sessions"). state.backend: "sqlite"
+  // Durable sessions (docs/durability.md). state.backend: "sqlite"
   // (default), "memory" or "etcd"; state.path: the SQLite file ("" = the default,
   // see DefaultStatePath).
   std::string state_backend = "sqlite";
   std::string state_path;
-  // state.etcd, for backend "etcd" (README "etcd backend (groundwork)"):
+  // state.etcd, for backend "etcd" (docs/durability.md):
   // one broker per prefix for now (it holds <prefix>lock under a lease).
   struct StateEtcd {
     std::vector<std::string> endpoints;  // http(s)://host:port, at least one
@@ -75,7 +80,7 @@ struct BrokerConfig {
     std::string username;
     std::string password_file;
   } state_etcd;
-  // cluster (README "Running more than one broker"): with state.backend
+  // cluster (docs/cluster.md): with state.backend
   // "etcd" and a token, replicas share sessions (server/cluster.h).
   struct Cluster {
     bool enabled = false;  // a token or token_file was given
@@ -110,12 +115,12 @@ struct BrokerConfig {
   std::string log_level = "info";   // debug | info | warning | error
   // Bearer token -> tenant. Empty: one tenant, "default", no auth.
   std::map<std::string, std::string> tokens;
-  // The MCP endpoint (README "MCP"); off when mcp.listen is empty.
+  // The MCP endpoint (docs/mcp.md); off when mcp.listen is empty.
   struct Mcp {
     std::string listen;  // host:port (port 0 picks one)
     std::string path = "/mcp";
     std::vector<std::string> allowed_origins;  // besides loopback origins
-    std::vector<std::string> allowed_hosts;    // Host names accepted (empty: see README)
+    std::vector<std::string> allowed_hosts;    // Host names accepted (empty: see docs/config.md)
     int64_t max_body_bytes = int64_t{4} << 20;
     int64_t max_sessions = 10000;    // legacy MCP sessions, all tenants
     int64_t keepalive_seconds = 15;  // SSE comment interval on long calls
@@ -123,7 +128,7 @@ struct BrokerConfig {
   } mcp;
   // providers.<name>: each provider reads its own object.
   nlohmann::json providers = nlohmann::json::object();
-  // Operators' control (README "Operators' control").
+  // Operators' control (docs/operators.md).
   // auth.admin_tokens: bearer token -> admin name, for the Admin service.
   std::map<std::string, std::string> admin_tokens;
   std::string tokens_file;     // auth.tokens_file (watched for changes)

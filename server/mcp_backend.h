@@ -52,10 +52,10 @@ class McpBackend {
   // CallTool without holding the caller's thread while the tool runs:
   // `done` is called exactly once, maybe before this returns, maybe on
   // another thread; `call.on_output` likewise (it must not block).
-  // The default runs CallTool on a thread of its own (sandboxctl's stdio
-  // backend); the daemon's holds no thread while a run or transfer waits.
+  // sandboxctl's stdio backend runs CallTool on a pool it owns; the
+  // daemon's holds no thread while a run or transfer waits.
   using ToolDone = std::function<void(absl::StatusOr<McpToolOutcome>)>;
-  virtual void CallToolAsync(McpCall call, pb::CallToolRequest req, ToolDone done);
+  virtual void CallToolAsync(McpCall call, pb::CallToolRequest req, ToolDone done) = 0;
   virtual void CloseSession(const std::string& tenant, const std::string& session_id) = 0;
 };
 

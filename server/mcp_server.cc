@@ -235,12 +235,6 @@ McpServer::~McpServer() {
   if (watcher_.joinable()) watcher_.join();
 }
 
-void McpBackend::CallToolAsync(McpCall call, pb::CallToolRequest req, ToolDone done) {
-  std::thread([this, call = std::move(call), req = std::move(req), done = std::move(done)] {
-    done(CallTool(call, req));
-  }).detach();
-}
-
 // An SSE response in progress.
 struct McpServer::Stream {
   absl::Mutex mu;
@@ -1089,13 +1083,13 @@ void McpStdio::HandleLine(const std::string& line) {
   }
   d.cancelled = [flag] { return flag->load(); };
   d.notify = [this](const json& n) { Send(n); };
-  std::thread([this, msg, d, key, flag] {
+  requests_.Submit([this, msg, d, key, flag] {
     json resp = server_->Call(msg, d, nullptr);
     if (!resp.is_null() && !flag->load()) Send(resp);
     absl::MutexLock l(&mu_);
     calls_.erase(key);
     running_--;
-  }).detach();
+  });
 }
 
 void McpStdio::Finish() {

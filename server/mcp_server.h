@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "nlohmann/json.hpp"
+#include "common/event_loop.h"
 #include "server/mcp_backend.h"
 
 namespace sandbox {
@@ -225,6 +226,8 @@ class McpServer {
 // Thread-safe.
 class McpStdio {
  public:
+  // Requests served at once; more wait their turn.
+  static constexpr int kMaxStdioRequests = 64;
   // `write_line` gets each outgoing message (without the newline); calls
   // to it are serialized.
   McpStdio(McpServer* server, std::string tenant,
@@ -247,6 +250,9 @@ class McpStdio {
   bool used_ ABSL_GUARDED_BY(mu_) = false;
   int running_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, std::shared_ptr<std::atomic<bool>>> calls_ ABSL_GUARDED_BY(mu_);
+  // Requests run here, not on threads of their own; last, so it is joined
+  // before the members its tasks use go.
+  WorkPool requests_{"mcp-stdio", kMaxStdioRequests};
 };
 
 // JSON-RPC error response.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -69,17 +70,15 @@ absl::StatusOr<TenantPolicyConfig> ParseOne(const nlohmann::json& j, const std::
     const nlohmann::json& res = r.Object("resources");
     if (res.is_object()) {
       const std::string rpath = absl::StrCat(path, ".resources");
-      nlohmann::json rest = res;
-      if (res.contains("cpus")) {
+      ConfigReader rr(res, rpath);
+      if (rr.Has("cpus")) {
         const nlohmann::json& c = res["cpus"];
         if (!c.is_number() || c.get<double>() <= 0 || !std::isfinite(c.get<double>())) {
           return absl::InvalidArgumentError(
               absl::StrCat(rpath, ".cpus: must be a positive number"));
         }
-        p.res_cpus = c.get<double>();
-        rest.erase("cpus");
+        p.res_cpus = rr.Number("cpus", 0, 0, std::numeric_limits<double>::max());
       }
-      ConfigReader rr(rest, rpath);
       if (rr.Has("memory_bytes")) p.res_memory_bytes = rr.Int("memory_bytes", 0, 1);
       if (rr.Has("pids")) p.res_pids = rr.Int("pids", 0, 1);
       if (rr.Has("disk_bytes")) p.res_disk_bytes = rr.Int("disk_bytes", 0, 1);

@@ -819,7 +819,7 @@ void SessionManager::CloseAsync(const std::string& tenant, const std::string& se
   });
 }
 
-SessionView SessionManager::ViewLocked(const Session& s) const {
+SessionView SessionManager::ViewLocked(const Session& s, std::shared_ptr<Sandbox>* sandbox) const {
   SessionView v;
   v.tenant = s.tenant;
   v.session_id = s.session_id;
@@ -840,40 +840,58 @@ SessionView SessionManager::ViewLocked(const Session& s) const {
   v.template_name = s.template_name;
   v.labels = s.labels;
   v.calls_in_flight = s.inflight;
-  if (s.sandbox) {
-    v.resources = s.sandbox->Resources();
-    v.usage = s.sandbox->Usage();
-  }
+  if (s.sandbox) v.resources = s.sandbox->Resources();
+  if (sandbox != nullptr) *sandbox = s.sandbox;
   v.generation = s.generation;
   return v;
 }
 
+std::vector<SessionView> SessionManager::WithUsage(
+    std::vector<std::pair<SessionView, std::shared_ptr<Sandbox>>> rows) {
+  std::vector<SessionView> out;
+  out.reserve(rows.size());
+  for (auto& [view, sandbox] : rows) {
+    if (sandbox) view.usage = sandbox->Usage();
+    out.push_back(std::move(view));
+  }
+  return out;
+}
+
 absl::StatusOr<SessionView> SessionManager::Get(const std::string& tenant,
                                                 const std::string& session_id) {
-  absl::MutexLock l(&mu_);
-  auto t = tenants_.find(tenant);
-  if (t != tenants_.end()) {
-    auto it = t->second.find(session_id);
-    if (it != t->second.end()) return ViewLocked(*it->second);
+  std::vector<std::pair<SessionView, std::shared_ptr<Sandbox>>> row(1);
+  {
+    absl::MutexLock l(&mu_);
+    const Session* s = nullptr;
+    if (auto t = tenants_.find(tenant); t != tenants_.end()) {
+      if (auto it = t->second.find(session_id); it != t->second.end()) s = it->second.get();
+    }
+    if (s == nullptr) {
+      return absl::NotFoundError(absl::StrCat("session \"", session_id, "\" not found"));
+    }
+    row[0].first = ViewLocked(*s, &row[0].second);
   }
-  return absl::NotFoundError(absl::StrCat("session \"", session_id, "\" not found"));
+  return std::move(WithUsage(std::move(row))[0]);
 }
 
 std::vector<SessionView> SessionManager::List(const std::string& tenant, const std::string& after,
                                               int limit, bool* more) {
-  std::vector<SessionView> out;
+  std::vector<std::pair<SessionView, std::shared_ptr<Sandbox>>> rows;
   *more = false;
-  absl::MutexLock l(&mu_);
-  auto t = tenants_.find(tenant);
-  if (t == tenants_.end()) return out;
-  for (auto it = t->second.upper_bound(after); it != t->second.end(); ++it) {
-    if (static_cast<int>(out.size()) == limit) {
-      *more = true;
-      break;
+  {
+    absl::MutexLock l(&mu_);
+    auto t = tenants_.find(tenant);
+    if (t == tenants_.end()) return {};
+    for (auto it = t->second.upper_bound(after); it != t->second.end(); ++it) {
+      if (static_cast<int>(rows.size()) == limit) {
+        *more = true;
+        break;
+      }
+      rows.emplace_back();
+      rows.back().first = ViewLocked(*it->second, &rows.back().second);
     }
-    out.push_back(ViewLocked(*it->second));
   }
-  return out;
+  return WithUsage(std::move(rows));
 }
 
 absl::StatusOr<absl::Time> SessionManager::KeepAlive(const std::string& tenant,
@@ -1520,9 +1538,18 @@ bool SessionManager::MatchesLocked(const Session& s, const SessionFilter& f) con
 std::vector<SessionView> SessionManager::ListAll(const SessionFilter& f,
                                                  const std::pair<std::string, std::string>& after,
                                                  int limit, bool* more) {
-  std::vector<SessionView> out;
+  std::vector<std::pair<SessionView, std::shared_ptr<Sandbox>>> rows;
   *more = false;
-  absl::MutexLock l(&mu_);
+  {
+    absl::MutexLock l(&mu_);
+    ListAllLocked(f, after, limit, more, &rows);
+  }
+  return WithUsage(std::move(rows));
+}
+
+void SessionManager::ListAllLocked(
+    const SessionFilter& f, const std::pair<std::string, std::string>& after, int limit,
+    bool* more, std::vector<std::pair<SessionView, std::shared_ptr<Sandbox>>>* rows) {
   std::vector<const std::string*> names;
   for (const auto& [tenant, sessions] : tenants_) {
     if (f.tenant.empty() ? tenant >= after.first : tenant == f.tenant) names.push_back(&tenant);
@@ -1535,14 +1562,14 @@ std::vector<SessionView> SessionManager::ListAll(const SessionFilter& f,
     if (*tenant < after.first) continue;
     for (; it != sessions.end(); ++it) {
       if (!MatchesLocked(*it->second, f)) continue;
-      if (static_cast<int>(out.size()) == limit) {
+      if (static_cast<int>(rows->size()) == limit) {
         *more = true;
-        return out;
+        return;
       }
-      out.push_back(ViewLocked(*it->second));
+      rows->emplace_back();
+      rows->back().first = ViewLocked(*it->second, &rows->back().second);
     }
   }
-  return out;
 }
 
 int SessionManager::CloseMatching(const SessionFilter& f, CloseReason reason) {

@@ -143,7 +143,7 @@ class SessionManager {
   // Closes every session, or (SetDetachOnShutdown) lets go of them.
   ~SessionManager();
 
-  // ---- durable sessions (see README "Durable sessions") ----
+  // ---- durable sessions (see docs/durability.md) ----
 
   // Loads the store's sessions into the table without calling any provider:
   // ready rows become sessions whose sandbox is attached on first use (or
@@ -170,7 +170,7 @@ class SessionManager {
   // Forgets every session without destroying its sandbox; rows stay.
   void DetachAll();
 
-  // ---- more than one broker (see README "Running more than one broker") ----
+  // ---- more than one broker (see docs/cluster.md) ----
 
   // Takes over one session another replica held (its row, read after this
   // replica claimed it): a ready row becomes a session whose sandbox is
@@ -282,7 +282,19 @@ class SessionManager {
   // provider / template than it has (Acquire and TryAcquire).
   static absl::Status ProviderConflict(const Session& s, const CreateOptions* create);
   static absl::Status TemplateConflict(const Session& s, const CreateOptions* create);
-  SessionView ViewLocked(const Session& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A session as seen now, without its usage: reading usage is I/O (cgroup
+  // files, statvfs), never done under mu_. `sandbox`, when given, receives
+  // the sandbox whose usage WithUsage reads once mu_ is released.
+  SessionView ViewLocked(const Session& s, std::shared_ptr<Sandbox>* sandbox = nullptr) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ListAllLocked(const SessionFilter& f, const std::pair<std::string, std::string>& after,
+                     int limit, bool* more,
+                     std::vector<std::pair<SessionView, std::shared_ptr<Sandbox>>>* rows)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fills each view's usage from its sandbox (null: none). Called without mu_.
+  static std::vector<SessionView> WithUsage(
+      std::vector<std::pair<SessionView, std::shared_ptr<Sandbox>>> rows)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void UnindexLocked(Session* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void IndexIdleLocked(Session* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Destroys a sandbox taken from a closing session (no lock held) and

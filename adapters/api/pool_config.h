@@ -1,7 +1,7 @@
 #pragma once
 
-// The warm-pool settings of a remote provider (providers.<name>.pool and
-// providers.<name>.max_concurrent_creates); see server/warm_pool.h.
+// The warm-pool settings of a remote provider (providers.<name>.pool); see
+// server/warm_pool.h.
 
 #include <cstdint>
 #include <string>
@@ -14,15 +14,17 @@ struct PoolConfig {
   int64_t size = 0;           // ready members kept; 0 = no pool
   std::string template_name;  // empty = the provider's default template
   int64_t max_age_seconds = 3600;
-  // Pool creates in flight at once (session creates are not counted).
+  // Pool creates in flight at once (session creates are not counted):
+  // providers.<name>.max_concurrent_creates when set, else 4.
   int64_t max_concurrent_creates = 4;
 };
 
-// Reads "pool" ({size, template, max_age_seconds}) and
-// "max_concurrent_creates" from a provider's section `r`. Errors in `pool`
-// are returned (INVALID_ARGUMENT naming the key); the others stick in `r`.
+// Reads "pool" ({size, template, max_age_seconds}) from a provider's
+// section `r`. Errors in `pool` are returned (INVALID_ARGUMENT naming the
+// key). max_concurrent_creates is the broker's key, read once in
+// server/config.cc and taken out before a provider reads its section; the
+// server sets it here when the operator did (provider_setup.cc).
 inline absl::Status ReadPoolConfig(ConfigReader& r, PoolConfig* c) {
-  c->max_concurrent_creates = r.Int("max_concurrent_creates", c->max_concurrent_creates, 1, 64);
   ConfigReader p(r.Object("pool"), r.KeyPath("pool"));
   c->size = p.Int("size", 0, 0, 1000);
   c->template_name = p.String("template", "");

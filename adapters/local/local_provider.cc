@@ -1337,7 +1337,7 @@ absl::StatusOr<LocalConfig> ParseLocalConfig(const nlohmann::json& json) {
   for (const auto& [key, now] : retired) {
     if (r.Has(key)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "providers.local.", key, ": retired; use providers.local.", now, " (see README)"));
+          "providers.local.", key, ": retired; use providers.local.", now, " (see docs/config.md)"));
     }
   }
   c.isolation = r.Enum("isolation", c.isolation, {"bwrap", "none"});

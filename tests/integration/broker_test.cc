@@ -300,3 +300,24 @@ TEST_F(BrokerTest, ListSessionsPages) {
 
 }  // namespace
 }  // namespace sandbox
+
+namespace sandbox {
+namespace {
+
+// A broker whose sessions are closed by the session table's destructor
+// (memory store, drain_close_sandboxes false): those closes are counted,
+// so the metrics must outlive the table (they were destroyed first: a
+// use after free under ASan).
+class BrokerTeardownTest : public BrokerFixture {};
+
+TEST_F(BrokerTeardownTest, SessionsClosedAtDestructionAreCountedIntoLiveMetrics) {
+  StartBroker(R"({"state": {"backend": "memory", "path": null}, "drain_close_sandboxes": false})");
+  auto sb = Client("kept");
+  ASSERT_TRUE(sb->Run("print(1)").ok());
+  ASSERT_EQ(CountDirs(WorkspaceRoot()), 1);
+  server_.reset();
+  EXPECT_EQ(CountDirs(WorkspaceRoot()), 0);  // the destructor closed it
+}
+
+}  // namespace
+}  // namespace sandbox

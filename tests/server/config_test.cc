@@ -86,3 +86,82 @@ TEST(Config, TokensFileIsMergedAndValidated) {
 
 }  // namespace
 }  // namespace sandbox
+
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "common/config_reader.h"
+#include "server/provider_setup.h"
+
+namespace sandbox {
+namespace {
+
+// docs/config.md lists every key the code reads, once, and nothing else:
+// every section present (so each reader runs), the keys read recorded, the
+// document's first column compared with them.
+std::set<std::string> KeysTheCodeReads() {
+  // Tenants are named NAME and templates name a provider: docs write
+  // <name> and one row for the templates map.
+  const char* kConfigs[] = {
+      R"({"state": {"backend": "sqlite", "path": "/tmp/x.db"},
+          "tls": {"cert_file": "c", "key_file": "k"}, "auth": {}, "mcp": {}, "limits": {},
+          "audit_log": {"path": "/tmp/a"},
+          "tenant_defaults": {"templates": {"local": ["a"]}, "resources": {"cpus": 1}},
+          "tenants": {"NAME": {"templates": {"local": ["a"]}, "resources": {"cpus": 1}}},
+          "providers": {"local": {"limits": {}, "max_limits": {}, "max_concurrent_creates": 2},
+                        "e2b": {"api_key": "k", "pool": {}},
+                        "daytona": {"api_key": "k", "pool": {}}, "echo": {}}})",
+      R"({"state": {"backend": "etcd", "etcd": {"endpoints": ["http://127.0.0.1:1"]}},
+          "cluster": {"token": "a-cluster-token-of-some-length"}})",
+  };
+  std::set<std::string> read;
+  ConfigReader::RecordReadKeys(&read);
+  for (const char* text : kConfigs) {
+    auto c = ParseConfig(text);
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (c.ok()) {
+      EXPECT_TRUE(CheckProviderConfigs(*c).ok());
+    }
+  }
+  ConfigReader::RecordReadKeys(nullptr);
+  std::set<std::string> keys;
+  for (std::string k : read) {
+    k = std::regex_replace(k, std::regex(R"(^tenants\.NAME\.)"), "tenants.<name>.");
+    k = std::regex_replace(k, std::regex(R"(\.templates\..*$)"), ".templates");
+    k = std::regex_replace(k, std::regex(R"(^providers\.[a-z0-9]+\.max_concurrent_creates$)"),
+                           "providers.<name>.max_concurrent_creates");
+    keys.insert(k);
+  }
+  // Objects that only hold other keys have no row of their own.
+  std::set<std::string> leaves;
+  for (const std::string& k : keys) {
+    auto next = keys.upper_bound(k);
+    if (next == keys.end() || next->compare(0, k.size() + 1, k + ".") != 0) leaves.insert(k);
+  }
+  return leaves;
+}
+
+TEST(ConfigDocs, EveryKeyTheCodeReadsIsDocumentedOnceAndNothingElse) {
+  std::ifstream in(std::string(SOURCE_DIR) + "/docs/config.md");
+  ASSERT_TRUE(in) << "docs/config.md";
+  std::multiset<std::string> documented;
+  std::string line;
+  const std::regex row(R"(^\| `([^`]+)` \|)");
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (std::regex_search(line, m, row)) documented.insert(m[1]);
+  }
+  const std::set<std::string> read = KeysTheCodeReads();
+  ASSERT_GT(read.size(), 100u);
+  for (const std::string& k : read) {
+    EXPECT_EQ(documented.count(k), 1u) << k << ": read by the code, documented "
+                                       << documented.count(k) << " times in docs/config.md";
+  }
+  for (const std::string& k : std::set<std::string>(documented.begin(), documented.end())) {
+    EXPECT_EQ(read.count(k), 1u) << k << ": in docs/config.md, but the code does not read it";
+  }
+}
+
+}  // namespace
+}  // namespace sandbox

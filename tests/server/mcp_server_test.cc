@@ -484,12 +484,20 @@ class ScriptedBackend final : public McpBackend {
     out.run = r;
     return out;
   }
+  void CallToolAsync(McpCall call, pb::CallToolRequest req, ToolDone done) override {
+    pool_.Submit([this, call = std::move(call), req = std::move(req), done = std::move(done)] {
+      done(CallTool(call, req));
+    });
+  }
   void CloseSession(const std::string&, const std::string&) override {}
 
   std::vector<std::string> chunks;
   bool block = false;
   std::atomic<bool> cancelled{false};
   absl::Notification started;
+
+ private:
+  WorkPool pool_{"scripted-backend", 8};
 };
 
 class McpStreamTest : public ::testing::Test {

@@ -50,6 +50,43 @@ TEST_F(SessionManagerTest, FirstCallCreatesLaterCallsReuse) {
   EXPECT_EQ(creates(), 1);
 }
 
+// Reading a sandbox's usage is I/O (cgroup files, statvfs for a local
+// sandbox): listing sessions reads it with the table's lock released, so
+// another caller of the table is never held up behind it.
+TEST_F(SessionManagerTest, UsageIsReadWithTheTableUnlocked) {
+  SessionManager& m = manager();
+  std::vector<std::thread> probes;
+  bool armed = false;  // set and read on this thread only
+  int asked = 0, unlocked = 0;
+  fake_->set_usage_hook([&] {
+    if (!armed) return;
+    ++asked;
+    auto done = std::make_shared<absl::Notification>();
+    probes.emplace_back([&m, done] {
+      (void)m.size();  // takes the table's lock
+      done->Notify();
+    });
+    if (done->WaitForNotificationWithTimeout(absl::Seconds(10))) ++unlocked;
+  });
+  for (const char* id : {"a", "b", "c"}) {
+    auto l = m.Acquire("t", id, &create_);
+    ASSERT_TRUE(l.ok()) << l.status();
+    l->Release();
+  }
+  armed = true;
+  bool more = false;
+  std::vector<SessionView> all = m.ListAll(SessionFilter{}, {"", ""}, 100, &more);
+  auto one = m.Get("t", "b");
+  armed = false;
+  for (auto& t : probes) t.join();
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_TRUE(all[0].usage.has_value());
+  ASSERT_TRUE(one.ok());
+  EXPECT_TRUE(one->usage.has_value());
+  EXPECT_EQ(asked, 4);
+  EXPECT_EQ(unlocked, 4);
+}
+
 TEST_F(SessionManagerTest, WithoutCreateAMissingSessionIsNotFound) {
   EXPECT_EQ(manager().Acquire("t", "s", nullptr).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(manager().Get("t", "s").status().code(), absl::StatusCode::kNotFound);

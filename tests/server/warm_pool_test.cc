@@ -407,14 +407,25 @@ TEST(WarmPoolDaytonaTest, AClaimReplacesTheLabelsAndTheAutoStop) {
 
 TEST(WarmPoolConfigTest, PoolKeysAreParsedStrictly) {
   json cfg = {{"api_key", "k"},
-              {"max_concurrent_creates", 2},
               {"pool", {{"size", 3}, {"template", "py"}, {"max_age_seconds", 600}}}};
   auto c = ParseE2BConfig(cfg, 60);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->pool.size, 3);
   EXPECT_EQ(c->pool.template_name, "py");
   EXPECT_EQ(c->pool.max_age_seconds, 600);
-  EXPECT_EQ(c->pool.max_concurrent_creates, 2);
+  EXPECT_EQ(c->pool.max_concurrent_creates, 4);
+  // max_concurrent_creates is the broker's key, read in one place
+  // (ParseConfig), and never reaches the provider's section.
+  auto broker = ParseConfig(
+      json{{"providers", {{"e2b", {{"api_key", "k"}, {"max_concurrent_creates", 2}}}}}}.dump());
+  ASSERT_TRUE(broker.ok()) << broker.status();
+  EXPECT_EQ(broker->max_concurrent_creates.at("e2b"), 2);
+  EXPECT_FALSE(broker->providers["e2b"].contains("max_concurrent_creates"));
+  auto too_many = ParseConfig(
+      json{{"providers", {{"e2b", {{"api_key", "k"}, {"max_concurrent_creates", 100001}}}}}}
+          .dump());
+  EXPECT_EQ(too_many.status().message(),
+            "providers.e2b.max_concurrent_creates: must be between 1 and 100000");
   cfg["pool"]["sise"] = 1;
   auto bad = ParseE2BConfig(cfg, 60);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);

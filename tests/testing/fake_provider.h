@@ -1,6 +1,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -39,8 +40,8 @@ class FakeProvider final : public Provider {
       last_spec_ = spec;
     }
     ++counters_->live;
-    return std::unique_ptr<Sandbox>(
-        new FakeSandbox(absl::StrCat(name_, "-", ++next_id_), counters_, exec_gate_));
+    return std::unique_ptr<Sandbox>(new FakeSandbox(absl::StrCat(name_, "-", ++next_id_),
+                                                    counters_, exec_gate_, usage_hook_));
   }
 
   void FailNextCreates(int n) {
@@ -51,6 +52,10 @@ class FakeProvider final : public Provider {
   void set_create_gate(absl::Notification* n) { create_gate_ = n; }
   // Exec blocks until the notification fires (set before use).
   void set_exec_gate(std::shared_ptr<absl::Notification> n) { exec_gate_ = std::move(n); }
+  // Runs inside each sandbox's Usage() (set before use).
+  void set_usage_hook(std::function<void()> f) {
+    usage_hook_ = std::make_shared<std::function<void()>>(std::move(f));
+  }
   std::shared_ptr<Counters> counters() const { return counters_; }
   SandboxSpec last_spec() {
     absl::MutexLock l(&mu_);
@@ -61,8 +66,16 @@ class FakeProvider final : public Provider {
   class FakeSandbox final : public Sandbox {
    public:
     FakeSandbox(std::string id, std::shared_ptr<Counters> c,
-                std::shared_ptr<absl::Notification> gate)
-        : id_(std::move(id)), counters_(std::move(c)), gate_(std::move(gate)) {}
+                std::shared_ptr<absl::Notification> gate,
+                std::shared_ptr<std::function<void()>> usage_hook)
+        : id_(std::move(id)),
+          counters_(std::move(c)),
+          gate_(std::move(gate)),
+          usage_hook_(std::move(usage_hook)) {}
+    std::optional<SandboxUsage> Usage() const override {
+      if (usage_hook_) (*usage_hook_)();
+      return SandboxUsage{};
+    }
     const std::string& id() const override { return id_; }
     absl::StatusOr<ExecResult> Exec(const ExecRequest& r) override {
       if (gate_) gate_->WaitForNotification();
@@ -93,6 +106,7 @@ class FakeProvider final : public Provider {
     const std::string id_;
     std::shared_ptr<Counters> counters_;
     std::shared_ptr<absl::Notification> gate_;
+    std::shared_ptr<std::function<void()>> usage_hook_;
     std::atomic<bool> destroyed_{false};
     absl::Mutex mu_;
     std::map<std::string, std::string> files_ ABSL_GUARDED_BY(mu_);
@@ -102,6 +116,7 @@ class FakeProvider final : public Provider {
   std::shared_ptr<Counters> counters_ = std::make_shared<Counters>();
   absl::Notification* create_gate_ = nullptr;
   std::shared_ptr<absl::Notification> exec_gate_;
+  std::shared_ptr<std::function<void()>> usage_hook_;
   std::atomic<int> next_id_{0};
   absl::Mutex mu_;
   int fail_next_ ABSL_GUARDED_BY(mu_) = 0;
