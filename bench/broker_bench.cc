@@ -47,8 +47,8 @@
 #include "grpcpp/server_builder.h"
 #include "grpcpp/support/server_callback.h"
 #include "sandboxbroker/v1/broker.grpc.pb.h"
-#include "server/broker_server.h"
-#include "server/provider_setup.h"
+#include "server/app/broker_server.h"
+#include "server/app/provider_setup.h"
 #include "tests/fakes/fake_e2b.h"
 
 namespace sandbox {

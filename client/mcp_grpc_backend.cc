@@ -6,7 +6,7 @@
 #include "absl/synchronization/notification.h"
 #include "client/remote_sandbox.h"
 #include "common/text.h"
-#include "server/tools.h"
+#include "protocol/tools.h"
 
 namespace sandbox {
 namespace {

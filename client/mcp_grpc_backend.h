@@ -4,8 +4,8 @@
 #include <string>
 
 #include "common/event_loop.h"
+#include "protocol/mcp_backend.h"
 #include "sandboxbroker/v1/broker.grpc.pb.h"
-#include "server/mcp_backend.h"
 
 namespace sandbox {
 

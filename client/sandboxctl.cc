@@ -22,7 +22,7 @@
 #include "client/remote_sandbox.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/channel.h"
-#include "server/mcp_server.h"
+#include "protocol/mcp_server.h"
 
 namespace {
 
@@ -62,6 +62,7 @@ admin commands (the Admin API; --admin-token or $SANDBOX_BROKER_ADMIN_TOKEN):
   tables by default; --json prints JSON
 
 flags:
+  --version             print the version and exit
   --addr HOST:PORT      broker address ($SANDBOX_BROKER_ADDR, default 127.0.0.1:50051)
   --token TOKEN         bearer token ($SANDBOX_BROKER_TOKEN)
   --session ID          session id ($SANDBOX_SESSION, default "cli")
@@ -319,6 +320,9 @@ int main(int argc, char** argv) {
     std::string v;
     if (a == "-h" || a == "--help") {
       std::cout << kUsage;
+      return 0;
+    } else if (a == "--version") {
+      std::cout << "sandboxctl " << SANDBOX_BROKER_VERSION << "\n";
       return 0;
     } else if (a == "--addr") {
       if (!next(&addr)) return Usage("--addr needs a value");

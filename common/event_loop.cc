@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <chrono>
 
+#include "common/request_id.h"
+
 namespace sandbox {
 namespace {
 
@@ -109,6 +111,8 @@ bool EventLoop::Cancel(TimerId id) {
 }
 
 void EventLoop::Post(Callback cb) {
+  // The poster's request id goes with the work (common/request_id.h).
+  if (!CurrentRequestId().empty()) cb = WithRequestId(std::move(cb));
   {
     absl::MutexLock l(&mu_);
     posted_.push_back(std::move(cb));
@@ -201,6 +205,8 @@ WorkPool* WorkPool::Shared() {
 }
 
 void WorkPool::Submit(std::function<void()> fn) {
+  // The submitter's request id goes with the work (common/request_id.h).
+  if (!CurrentRequestId().empty()) fn = WithRequestId(std::move(fn));
   absl::MutexLock l(&mu_);
   queue_.emplace_back(++submitted_, std::move(fn));
   // Idle threads not yet woken still count as idle: start one more when the

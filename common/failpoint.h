@@ -18,7 +18,7 @@ namespace sandbox {
 // (the process sends itself SIGKILL). A failpoint that is hit logs
 // `failpoint.hit name=...` at warning before it acts, so a test can wait for
 // that line and then kill the daemon for real inside the window it opened.
-// Points (server/session_manager.cc):
+// Points (server/sessions/session_manager.cc):
 //   create.after_intent   the creating row is written, the provider not called
 //   create.before_ready   the provider created the sandbox, the ready row not written
 //   close.before_destroy  the closing row is written, the provider not called

@@ -54,7 +54,7 @@ case "${1:-}" in
     cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSANDBOX_BROKER_TESTS=OFF \
       -DCMAKE_INSTALL_PREFIX="$prefix" >/dev/null
     cmake --build "$build" -j"${JOBS:-2}" --target sandbox-brokerd sandboxctl sandbox-init
-    cmake --install "$build" --strip
+    cmake --install "$build" --strip --component daemon
     ;;
   runtime)
     apt_install "${RUNTIME_PACKAGES[@]}"

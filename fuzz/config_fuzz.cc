@@ -1,6 +1,6 @@
-// The operator's inputs: the daemon config (server/config.cc over
+// The operator's inputs: the daemon config (server/config/config.cc over
 // common/config_reader.cc), the tokens file it names, and the
-// `authorization` metadata checked against the tokens (server/auth.cc).
+// `authorization` metadata checked against the tokens (server/config/auth.cc).
 //
 // Input: mode byte, then the text.
 // Mode 0: the text is the config. An accepted config holds every value in
@@ -23,8 +23,8 @@
 #include "absl/strings/str_cat.h"
 #include "fuzz/fuzz_check.h"
 #include "nlohmann/json.hpp"
-#include "server/auth.h"
-#include "server/config.h"
+#include "server/config/auth.h"
+#include "server/config/config.h"
 
 namespace {
 

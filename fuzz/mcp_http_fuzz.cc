@@ -1,4 +1,4 @@
-// The MCP endpoint's HTTP/JSON-RPC handling (server/mcp_server.cc), both
+// The MCP endpoint's HTTP/JSON-RPC handling (protocol/mcp_server.cc), both
 // protocol eras, without a network: McpServer::HandleRequest on a fresh
 // server per input, a deterministic backend (two tenants' tokens, the local
 // provider's tools, a run that prints two chunks) and a FakeClock. A
@@ -31,8 +31,8 @@
 #include "common/clock.h"
 #include "fuzz/fuzz_check.h"
 #include "nlohmann/json.hpp"
-#include "server/mcp_server.h"
-#include "server/tools.h"
+#include "protocol/mcp_server.h"
+#include "protocol/tools.h"
 
 namespace {
 

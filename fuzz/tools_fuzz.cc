@@ -1,5 +1,5 @@
 // CallTool's inputs from the model: the tool name and the JSON arguments
-// (server/tools.cc), including deeply nested and oversized JSON.
+// (protocol/tools.cc), including deeply nested and oversized JSON.
 //
 // Input: op byte, then the tool name and the arguments separated by 0xFF.
 // Invariants: accepted arguments are complete and in range (non-empty code,
@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/text.h"
 #include "fuzz/fuzz_check.h"
-#include "server/tools.h"
+#include "protocol/tools.h"
 
 using sandbox::ToolOp;
 namespace pb = ::sandboxbroker::v1;

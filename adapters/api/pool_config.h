@@ -1,7 +1,7 @@
 #pragma once
 
 // The warm-pool settings of a remote provider (providers.<name>.pool); see
-// server/warm_pool.h.
+// server/sessions/warm_pool.h.
 
 #include <cstdint>
 #include <string>
@@ -22,7 +22,7 @@ struct PoolConfig {
 // Reads "pool" ({size, template, max_age_seconds}) from a provider's
 // section `r`. Errors in `pool` are returned (INVALID_ARGUMENT naming the
 // key). max_concurrent_creates is the broker's key, read once in
-// server/config.cc and taken out before a provider reads its section; the
+// server/config/config.cc and taken out before a provider reads its section; the
 // server sets it here when the operator did (provider_setup.cc).
 inline absl::Status ReadPoolConfig(ConfigReader& r, PoolConfig* c) {
   ConfigReader p(r.Object("pool"), r.KeyPath("pool"));

@@ -80,7 +80,7 @@ struct SandboxSpec {
   // ListOwned can find it after a crash. Empty = untagged.
   std::string deployment_id;
   std::string attempt_id;
-  // Warm pools (server/warm_pool.h): non-empty = a pool member of this pool
+  // Warm pools (server/sessions/warm_pool.h): non-empty = a pool member of this pool
   // instance, for no session yet. The provider tags it kPoolTag = pool
   // (instead of tenant and session tags) and keeps it alive unused for at
   // least `keep_unclaimed` (E2B timeout, Daytona auto-stop).
@@ -268,7 +268,7 @@ class Provider {
     return absl::UnimplementedError(absl::StrCat(name(), ": cannot list sandboxes"));
   }
 
-  // Warm pools (server/warm_pool.h). Defaults: no pools.
+  // Warm pools (server/sessions/warm_pool.h). Defaults: no pools.
 
   // Whether a pool member made by Create(`member`) can serve `session` once
   // claimed: everything `session` asks for that is fixed at creation (the

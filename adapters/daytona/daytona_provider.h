@@ -29,7 +29,7 @@ struct DaytonaConfig {
   // rounded up; delete at once on stop.
   int64_t auto_stop_minutes = 0;
   int64_t auto_delete_minutes = 0;
-  // A warm pool (server/warm_pool.h); size 0 = none.
+  // A warm pool (server/sessions/warm_pool.h); size 0 = none.
   PoolConfig pool;
 };
 

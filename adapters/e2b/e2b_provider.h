@@ -25,7 +25,7 @@ struct E2BConfig {
   // plus 60 s; extended while the session is active.
   int64_t sandbox_timeout_seconds = 0;
   int retries = 3;  // 429 + Retry-After retries of control-plane calls
-  // A warm pool (server/warm_pool.h); size 0 = none.
+  // A warm pool (server/sessions/warm_pool.h); size 0 = none.
   PoolConfig pool;
 };
 

@@ -37,6 +37,7 @@
 #include "adapters/api/output.h"
 #include "adapters/local/cgroup.h"
 #include "adapters/local/disk_image.h"
+#include "adapters/local/init_binary.h"
 #include "adapters/local/seccomp_filter.h"
 #include "adapters/local/workspace_fs.h"
 #include "common/child_reaper.h"
@@ -152,70 +153,6 @@ absl::Status MakeDirs(const std::string& path, mode_t mode) {
   // Sandbox uids must be able to traverse to their workspace.
   chmod(path.c_str(), mode);
   return absl::OkStatus();
-}
-
-// The first directory on the way to `path` (itself included) that a
-// process of another uid cannot search; empty when there is none.
-std::string FirstDirClosedToOthers(const std::string& path) {
-  std::string cur;
-  for (size_t i = 1; i <= path.size(); ++i) {
-    if (i != path.size() && path[i] != '/') continue;
-    cur = path.substr(0, i);
-    struct stat st;
-    if (stat(cur.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & S_IXOTH) == 0) {
-      return cur;
-    }
-  }
-  return "";
-}
-
-// sandbox-init is bound into each container by path, as the sandbox's own
-// uid: a copy in workspace_root (which that uid must reach anyway) rather
-// than the build or install directory, which may sit under a directory
-// closed to it (a clone in /root, mode 0700). Replaced by rename when it
-// differs, so a running container's copy is never rewritten in place.
-absl::StatusOr<std::string> CopyInitIntoWorkspaceRoot(const std::string& init_path,
-                                                      const std::string& root) {
-  const std::string copy = root + "/.sandbox-init";
-  auto read = [](const std::string& path, std::string* out) {
-    std::ifstream in(path, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    *out = ss.str();
-    return static_cast<bool>(in);
-  };
-  std::string want, have;
-  if (!read(init_path, &want) || want.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("local: cannot read sandbox-init at ", init_path));
-  }
-  if (read(copy, &have) && have == want) return copy;
-  const std::string tmp = absl::StrCat(copy, ".", RandomHex(6), ".new");
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0755);
-  size_t done = 0;
-  while (fd >= 0 && done < want.size()) {
-    ssize_t n = write(fd, want.data() + done, want.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += static_cast<size_t>(n);
-  }
-  bool ok = fd >= 0 && done == want.size() && fchmod(fd, 0755) == 0 && fsync(fd) == 0;
-  if (fd >= 0) close(fd);
-  ok = ok && rename(tmp.c_str(), copy.c_str()) == 0;
-  if (!ok) {
-    const int err = errno;
-    unlink(tmp.c_str());
-    return absl::FailedPreconditionError(
-        absl::StrCat("local: cannot copy sandbox-init to ", copy, ": ", strerror(err)));
-  }
-  return copy;
-}
-
-std::string DefaultInitPath() {
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  std::string exe = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
-  return exe.substr(0, exe.rfind('/') + 1) + "sandbox-init";
 }
 
 // Docker's masked /proc paths: kernel addresses, keys and timers of the
@@ -522,7 +459,7 @@ class LocalSandbox final : public Sandbox {
     }
     std::string cwd = request.cwd;
     if (!cwd.empty()) RETURN_IF_ERROR(CheckCwd(cwd));
-    const bool none = cfg.isolation == "none";
+    const bool none = cfg.isolation == Isolation::kNone;
     if (cwd.empty()) cwd = none ? p_.workspace : cfg.mount_point;
     const std::string home = none ? p_.workspace : cfg.mount_point;
     // SHELL as login(1) sets it: without it every bash looks its user up
@@ -644,7 +581,7 @@ class LocalSandbox final : public Sandbox {
     RETURN_IF_ERROR(CheckOpen());
     const WorkspaceFs& fs = FsFor(path);
     if (&fs == &tmp_fs_) RETURN_IF_ERROR(CheckContainer());
-    if (&fs != &tmp_fs_ || p_.uid < 0 || provider_->config().isolation == "none") {
+    if (&fs != &tmp_fs_ || p_.uid < 0 || provider_->config().isolation == Isolation::kNone) {
       return fs.Write(path, data);
     }
     // The container's /tmp belongs to its user namespace, where the host's
@@ -1001,7 +938,7 @@ class LocalSandbox final : public Sandbox {
 
   // The host path of the container's /tmp.
   std::string TmpRoot() const {
-    if (provider_->config().isolation == "none") return p_.dir + "/tmp";
+    if (provider_->config().isolation == Isolation::kNone) return p_.dir + "/tmp";
     // "/." so that the path names the directory, not the fd's magic link
     // (lstat of "/proc/self/fd/N" is the link).
     return absl::StrCat("/proc/self/fd/", p_.tmp_fd, "/.");
@@ -1040,7 +977,7 @@ class LocalSandbox final : public Sandbox {
   // (its end of the control socket closed), our descriptor of /tmp would
   // reach a detached copy nobody runs in.
   absl::Status CheckContainer() {
-    if (provider_->config().isolation == "none") return absl::OkStatus();
+    if (provider_->config().isolation == Isolation::kNone) return absl::OkStatus();
     absl::MutexLock l(&ctl_mu_);
     if (p_.ctl < 0) return absl::FailedPreconditionError("local: sandbox is closed");
     struct pollfd pf = {p_.ctl, POLLRDHUP, 0};
@@ -1336,11 +1273,13 @@ absl::StatusOr<LocalConfig> ParseLocalConfig(const nlohmann::json& json) {
       {"file_size_bytes", "limits.disk_bytes (the workspace quota)"}};
   for (const auto& [key, now] : retired) {
     if (r.Has(key)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "providers.local.", key, ": retired; use providers.local.", now, " (see docs/config.md)"));
+      return absl::InvalidArgumentError(absl::StrCat("providers.local.", key,
+                                                     ": retired; use providers.local.", now,
+                                                     " (see docs/config.md)"));
     }
   }
-  c.isolation = r.Enum("isolation", c.isolation, {"bwrap", "none"});
+  c.isolation = r.Enum("isolation", "bwrap", {"bwrap", "none"}) == "none" ? Isolation::kNone
+                                                                          : Isolation::kBwrap;
   c.bwrap_path = r.String("bwrap_path", c.bwrap_path, false);
   c.workspace_root = r.String("workspace_root", c.workspace_root);
   c.mount_point = r.String("mount_point", c.mount_point, false);
@@ -1353,7 +1292,9 @@ absl::StatusOr<LocalConfig> ParseLocalConfig(const nlohmann::json& json) {
   c.persistent_tmp = r.Bool("persistent_tmp", c.persistent_tmp);
   c.limits = ReadLimits(r, "limits", c.limits);
   c.max_limits = ReadLimits(r, "max_limits", c.max_limits);
-  c.enforcement = r.Enum("enforcement", c.enforcement, {"strict", "best_effort"});
+  c.enforcement = r.Enum("enforcement", "strict", {"strict", "best_effort"}) == "best_effort"
+                      ? Enforcement::kBestEffort
+                      : Enforcement::kStrict;
   c.cgroup_root = r.String("cgroup_root", c.cgroup_root, false);
   c.cgroup_parent = r.String("cgroup_parent", c.cgroup_parent, false);
   c.cpu_weight = r.Int("cpu_weight", c.cpu_weight, 1, 10000);
@@ -1443,7 +1384,7 @@ LocalProvider::~LocalProvider() {
 
 void LocalProvider::PrepareWorkspaceRoot() {
   // Only containers with a workspace disk (a mount each) gain from it.
-  if (config_.isolation != "bwrap" || geteuid() != 0 || !enforcement_.disk) return;
+  if (config_.isolation != Isolation::kBwrap || geteuid() != 0 || !enforcement_.disk) return;
   char resolved[PATH_MAX];
   if (!realpath(config_.workspace_root.c_str(), resolved)) return;
   const std::string root = resolved;
@@ -1476,7 +1417,7 @@ std::vector<std::string> LocalProvider::WrapCommand(const std::string& workspace
                                                     const std::vector<std::string>& command,
                                                     const std::string& tmp_dir,
                                                     const std::string& cwd) const {
-  if (config_.isolation == "none") return command;
+  if (config_.isolation == Isolation::kNone) return command;
   std::vector<std::string> a = {config_.bwrap_path,
                                 "--unshare-user",
                                 "--unshare-pid",
@@ -1505,7 +1446,7 @@ std::vector<std::string> LocalProvider::WrapCommand(const std::string& workspace
 std::vector<std::string> LocalProvider::ContainerArgs(const std::string& dir,
                                                       const std::string& workspace,
                                                       const LocalLimits& limits) const {
-  if (config_.isolation == "none") return {config_.init_path};
+  if (config_.isolation == Isolation::kNone) return {config_.init_path};
   std::vector<std::string> a = {
       config_.bwrap_path, "--unshare-user", "--disable-userns", "--unshare-pid",
       "--unshare-net",    "--unshare-ipc",  "--unshare-uts",    "--unshare-cgroup-try",
@@ -1527,9 +1468,9 @@ std::vector<std::string> LocalProvider::ContainerArgs(const std::string& dir,
   } else {
     a.insert(a.end(), {"--perms", "1777", "--tmpfs", "/tmp"});
   }
-  a.insert(a.end(), {"--bind", workspace, config_.mount_point, "--ro-bind", init_copy_,
-                     "/.sandbox-init", "--seccomp", "4", "--chdir", config_.mount_point, "--",
-                     "/.sandbox-init"});
+  a.insert(a.end(),
+           {"--bind", workspace, config_.mount_point, "--ro-bind", init_copy_, "/.sandbox-init",
+            "--seccomp", "4", "--chdir", config_.mount_point, "--", "/.sandbox-init"});
   return a;
 }
 
@@ -1705,7 +1646,7 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Start(const std::string&
     }
   }
   chmod(parts.workspace.c_str(), 0700);
-  if (config_.isolation == "none") {
+  if (config_.isolation == Isolation::kNone) {
     const std::string tmp = parts.dir + "/tmp";
     if (mkdir(tmp.c_str(), 01777) != 0 && errno != EEXIST) return fail("create tmp", errno);
   }
@@ -1736,7 +1677,7 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Start(const std::string&
   };
   absl::Cleanup close_remote = [&] { close(sv[1]); };
   int seccomp_fd = -1;
-  if (config_.isolation != "none") {
+  if (config_.isolation != Isolation::kNone) {
     ASSIGN_OR_RETURN(seccomp_fd, MemFd(seccomp_bpf_));
   }
   absl::Cleanup close_seccomp = [seccomp_fd] {
@@ -1746,7 +1687,7 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Start(const std::string&
   int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (log_fd < 0) return fail("create container.log", errno);
   absl::Cleanup close_log = [log_fd] { close(log_fd); };
-  if (config_.isolation != "none") {
+  if (config_.isolation != Isolation::kNone) {
     // Inside the container code runs as the pool's uid (user namespace
     // maps it to itself), as 1000 with user_name, or as the broker's uid.
     const bool named = !config_.user_name.empty();
@@ -1763,7 +1704,7 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Start(const std::string&
   char* envp[] = {path_env, nullptr};
   const std::string ws = parts.workspace;
   const std::string root = root_mount_;
-  const bool none = config_.isolation == "none";
+  const bool none = config_.isolation == Isolation::kNone;
   const bool own_ns = own_mount_namespace_ && !none;
   // Claimed: the daemon's reaper of orphans never takes this child's status.
   pid_t pid = ChildReaper::ForkClaimed();
@@ -1827,13 +1768,13 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Start(const std::string&
                cm->cmsg_len == CMSG_LEN(sizeof(int)) && parts.tmp_fd < 0) {
       // init's /tmp (see sandbox_init.cc); with isolation "none" the host's.
       memcpy(&parts.tmp_fd, CMSG_DATA(cm), sizeof(int));
-      if (config_.isolation == "none") {
+      if (config_.isolation == Isolation::kNone) {
         close(parts.tmp_fd);
         parts.tmp_fd = -1;
       }
     }
   }
-  const bool no_tmp = config_.isolation != "none" && parts.tmp_fd < 0;
+  const bool no_tmp = config_.isolation != Isolation::kNone && parts.tmp_fd < 0;
   if (n != 1 || c != 'R' || parts.init_pid <= 0 || no_tmp) {
     if (parts.tmp_fd >= 0) close(parts.tmp_fd);
     parts.tmp_fd = -1;
@@ -1853,7 +1794,7 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Start(const std::string&
 
 absl::Status LocalProvider::ProbeEnforcement() {
   std::vector<std::string> missing;
-  if (config_.isolation == "none") {
+  if (config_.isolation == Isolation::kNone) {
     missing.push_back("isolation is \"none\"");
   } else {
     auto cg = CgroupFs::Detect(config_.cgroup_root, config_.cgroup_parent);
@@ -1902,7 +1843,7 @@ absl::Status LocalProvider::ProbeEnforcement() {
                                      config_.cpu_weight, "; workspace quota: loop-mounted ext4")
                       : absl::StrCat("limits NOT enforced: ", absl::StrJoin(missing, "; "));
   if (missing.empty()) return absl::OkStatus();
-  if (config_.enforcement == "best_effort" || config_.isolation == "none") {
+  if (config_.enforcement == Enforcement::kBestEffort || config_.isolation == Isolation::kNone) {
     Log(LogLevel::kWarning, "local.enforcement_best_effort",
         {{"message",
           absl::StrCat("providers.local.enforcement is \"best_effort\": sandboxes run WITHOUT "
@@ -1960,7 +1901,7 @@ absl::Status LocalProvider::CheckHealth() {
 }
 
 absl::Status LocalProvider::Probe() {
-  if (config_.isolation == "none") {
+  if (config_.isolation == Isolation::kNone) {
     Log(LogLevel::kWarning, "local.isolation_none",
         {{"message",
           "providers.local.isolation is \"none\": sandboxed code runs WITHOUT "
@@ -1975,9 +1916,9 @@ absl::Status LocalProvider::Probe() {
         absl::StrCat("local: sandbox-init not found at ", config_.init_path,
                      " (install it next to the broker, or set providers.local.init_path)"));
   }
-  if (config_.isolation != "none") {
-    ASSIGN_OR_RETURN(init_copy_, CopyInitIntoWorkspaceRoot(config_.init_path,
-                                                           config_.workspace_root));
+  if (config_.isolation != Isolation::kNone) {
+    ASSIGN_OR_RETURN(init_copy_,
+                     CopyInitIntoWorkspaceRoot(config_.init_path, config_.workspace_root));
     ASSIGN_OR_RETURN(seccomp_bpf_, BuildSeccompBpf());
   }
   RETURN_IF_ERROR(ProbeEnforcement());
@@ -2026,7 +1967,7 @@ absl::StatusOr<std::unique_ptr<LocalProvider>> LocalProvider::Create(LocalConfig
   }
   rmdir((config.workspace_root + "/.etc").c_str());
   std::shared_ptr<UidPool> uids;
-  if (geteuid() == 0 && config.isolation == "bwrap") {
+  if (geteuid() == 0 && config.isolation == Isolation::kBwrap) {
     uids = std::make_shared<UidPool>(config.uid_base, config.uid_count);
     // Each sandbox runs as a uid of its own, which must reach its workspace.
     if (std::string closed = FirstDirClosedToOthers(config.workspace_root); !closed.empty()) {
@@ -2042,12 +1983,6 @@ absl::StatusOr<std::unique_ptr<LocalProvider>> LocalProvider::Create(LocalConfig
           "(the default is /var/lib/sandbox-broker/workspaces), or chmod o+x ",
           closed));
     }
-  }
-  if (config.isolation == "none") {
-    Log(LogLevel::kWarning, "local.isolation_none",
-        {{"message",
-          "providers.local.isolation is \"none\": sandboxed code runs WITHOUT "
-          "isolation, with the broker's view of the machine; development only"}});
   }
   std::unique_ptr<LocalProvider> p(new LocalProvider(std::move(config), std::move(uids)));
   RETURN_IF_ERROR(p->Probe());

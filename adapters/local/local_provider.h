@@ -36,11 +36,18 @@ struct LocalLimits {
 };
 
 // Settings of the local provider (config key providers.local).
+// providers.local.isolation: "bwrap" (a container per session) or "none"
+// (code runs as the broker, unisolated: development only).
+enum class Isolation { kBwrap, kNone };
+// providers.local.enforcement: "strict" refuses to start without cgroups and
+// disk quotas; "best_effort" runs without what is missing.
+enum class Enforcement { kStrict, kBestEffort };
+
 struct LocalConfig {
   // "bwrap": each run in bubblewrap namespaces (user, pid, net, ipc, uts),
   // no network, read-only system. "none": no isolation at all, for
   // development on machines without user namespaces; loudly logged.
-  std::string isolation = "bwrap";
+  Isolation isolation = Isolation::kBwrap;
   std::string bwrap_path = "/usr/bin/bwrap";
   // Host directory holding one workspace per sandbox. Empty = a default
   // (/var/lib/sandbox-broker/workspaces as root, else $TMPDIR/...).
@@ -60,7 +67,7 @@ struct LocalConfig {
   // "strict": refuse to start unless cgroups and disk quotas work here.
   // "best_effort": run without whatever is missing (logged loudly, shown by
   // health).
-  std::string enforcement = "strict";
+  Enforcement enforcement = Enforcement::kStrict;
   // The cgroup filesystem (a seam for tests) and our group under it.
   std::string cgroup_root = "/sys/fs/cgroup";
   std::string cgroup_parent = "sandbox-broker";

@@ -12,7 +12,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "grpcpp/generic/generic_stub.h"
-#include "server/grpc_service.h"
+#include "server/transport/grpc/grpc_service.h"
 #include "tests/testing/broker_fixture.h"
 
 namespace sandbox {

@@ -6,12 +6,12 @@
 
 #include <string>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "adapters/daytona/daytona_wire.h"
 #include "adapters/e2b/e2b_wire.h"
 #include "common/base64.h"
 #include "common/text.h"
-#include "absl/strings/escaping.h"
-#include "absl/strings/match.h"
 
 namespace sandbox {
 namespace {
@@ -53,7 +53,8 @@ TEST(HardeningRegression, E2BErrorBodiesAndStreamErrorsAreBounded) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnknown);
   EXPECT_LE(s.message().size(), 300u);
   // Deep nesting in a process event is parsed iteratively: no crash.
-  const std::string deep = "{\"event\":" + std::string(300000, '[') + std::string(300000, ']') + "}";
+  const std::string deep =
+      "{\"event\":" + std::string(300000, '[') + std::string(300000, ']') + "}";
   EXPECT_TRUE(e2b::ParseProcessEvent(deep).ok());
 }
 

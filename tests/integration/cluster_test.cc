@@ -4,7 +4,7 @@
 // and paused with SIGSTOP for real; time is waited for only where another
 // process must act (a lease expiring in etcd), by polling etcd itself.
 
-#include "server/cluster.h"
+#include "server/cluster/cluster.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -20,7 +20,7 @@
 #include "grpcpp/create_channel.h"
 #include "nlohmann/json.hpp"
 #include "sandboxbroker/v1/broker.grpc.pb.h"
-#include "server/etcd_store.h"
+#include "server/store/etcd/etcd_store.h"
 #include "tests/server/etcd_fixture.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/temp_dir.h"
@@ -659,9 +659,13 @@ TEST_P(ClusterTest, McpToolCallsGoToTheSessionsOwner) {
   ASSERT_TRUE(Write(0, "m1", "f.json", R"({"output": 1, "exitCode": "x"})").ok());
   const std::string big(5 << 20, 'b');
   ASSERT_TRUE(Write(0, "m1", "big.txt", big).ok());
+  // Contents that read like the missing-file text are found (the forwarded
+  // answer says so in a typed field, not in its text).
+  ASSERT_TRUE(Write(0, "m1", "nf.txt", "[file not found]").ok());
   for (const auto& [path, want] :
        {std::pair<std::string, std::string>{"f.json", R"({"output": 1, "exitCode": "x"})"},
-        {"big.txt", big}}) {
+        {"big.txt", big},
+        {"nf.txt", "[file not found]"}}) {
     json got = call(1, "sandbox_e2b_read_file", {{"path", path}, {"session", "m1"}});
     ASSERT_TRUE(got.is_object()) << path;
     EXPECT_EQ(got["result"]["structuredContent"].value("found", false), true)

@@ -28,7 +28,7 @@
 #include "grpcpp/create_channel.h"
 #include "nlohmann/json.hpp"
 #include "sandboxbroker/v1/broker.grpc.pb.h"
-#include "server/session_store.h"
+#include "server/store/session_store.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/store_rows.h"
 #include "tests/testing/temp_dir.h"

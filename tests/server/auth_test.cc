@@ -1,4 +1,4 @@
-#include "server/auth.h"
+#include "server/config/auth.h"
 
 #include <gtest/gtest.h>
 

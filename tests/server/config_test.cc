@@ -1,4 +1,4 @@
-#include "server/config.h"
+#include "server/config/config.h"
 
 #include <gtest/gtest.h>
 
@@ -92,7 +92,7 @@ TEST(Config, TokensFileIsMergedAndValidated) {
 #include <sstream>
 
 #include "common/config_reader.h"
-#include "server/provider_setup.h"
+#include "server/app/provider_setup.h"
 
 namespace sandbox {
 namespace {

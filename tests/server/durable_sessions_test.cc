@@ -8,9 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "server/run_ledger.h"
-#include "server/session_manager.h"
-#include "server/session_store.h"
+#include "server/sessions/run_ledger.h"
+#include "server/sessions/session_manager.h"
+#include "server/store/session_store.h"
 #include "tests/testing/store_rows.h"
 #include "tests/testing/temp_dir.h"
 

@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "server/etcd_store.h"
+#include "server/store/etcd/etcd_store.h"
 #include "tests/server/etcd_fixture.h"
 #include "tests/testing/broker_fixture.h"
 

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "server/config.h"
+#include "server/config/config.h"
 
 namespace sandbox {
 namespace {

@@ -1,7 +1,7 @@
 // The etcd store and client against a real etcd on loopback (the fixture
 // starts /usr/bin/etcd per test), plus a fake "etcd" answering garbage.
 
-#include "server/etcd_store.h"
+#include "server/store/etcd/etcd_store.h"
 
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -13,7 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "server/etcd_client.h"
+#include "server/store/etcd/etcd_client.h"
 #include "tests/server/etcd_fixture.h"
 #include "tests/testing/test_cert.h"
 

@@ -2,7 +2,7 @@
 // rule of both eras, the real BrokerCore behind it for sessions and tenants,
 // a scripted backend for progress ordering and cancellation, and stdio.
 
-#include "server/mcp_server.h"
+#include "protocol/mcp_server.h"
 
 #include <gtest/gtest.h>
 
@@ -12,11 +12,11 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "adapters/echo/echo_provider.h"
-#include "server/auth.h"
-#include "server/broker_core.h"
-#include "server/mcp_core_backend.h"
-#include "server/mcp_http.h"
-#include "server/tools.h"
+#include "protocol/tools.h"
+#include "server/config/auth.h"
+#include "server/core/broker_core.h"
+#include "server/transport/mcp/mcp_core_backend.h"
+#include "server/transport/mcp/mcp_http.h"
 #include "tests/testing/fake_provider.h"
 #include "tests/testing/threads.h"
 

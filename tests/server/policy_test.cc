@@ -2,7 +2,7 @@
 // usage meter's bounded labels, the audit log's shape, admin auth and the
 // reload key diff.
 
-#include "server/policy.h"
+#include "server/config/policy.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -11,11 +11,11 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "server/audit.h"
-#include "server/auth.h"
-#include "server/config.h"
-#include "server/reload.h"
-#include "server/usage.h"
+#include "server/config/auth.h"
+#include "server/config/config.h"
+#include "server/operators/reload.h"
+#include "server/operators/usage.h"
+#include "server/telemetry/audit.h"
 
 namespace sandbox {
 namespace {

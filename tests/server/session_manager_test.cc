@@ -1,4 +1,4 @@
-#include "server/session_manager.h"
+#include "server/sessions/session_manager.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "server/session_store.h"
+#include "server/store/session_store.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -8,8 +8,8 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "server/config.h"
-#include "server/usage_store.h"
+#include "server/config/config.h"
+#include "server/store/usage_store.h"
 #include "tests/testing/temp_dir.h"
 
 namespace sandbox {

@@ -1,4 +1,4 @@
-#include "server/tools.h"
+#include "protocol/tools.h"
 
 #include <gtest/gtest.h>
 

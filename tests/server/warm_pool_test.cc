@@ -1,9 +1,9 @@
-// Warm pools (server/warm_pool.h) against the fake E2B and Daytona servers:
+// Warm pools (server/sessions/warm_pool.h) against the fake E2B and Daytona servers:
 // filling, claiming, misses, max age, bounded refill, the orphan sweep and
 // shutdown. The pool is driven by hand (Refill) with a fake clock, except
 // in the broker test, which runs its background thread.
 
-#include "server/warm_pool.h"
+#include "server/sessions/warm_pool.h"
 
 #include <gtest/gtest.h>
 
@@ -14,9 +14,9 @@
 #include "adapters/daytona/daytona_provider.h"
 #include "adapters/e2b/e2b_provider.h"
 #include "adapters/http/http_client.h"
-#include "server/provider_setup.h"
-#include "server/session_manager.h"
-#include "server/session_store.h"
+#include "server/app/provider_setup.h"
+#include "server/sessions/session_manager.h"
+#include "server/store/session_store.h"
 #include "tests/fakes/fake_daytona.h"
 #include "tests/fakes/fake_e2b.h"
 #include "tests/testing/broker_fixture.h"

@@ -10,8 +10,8 @@
 #include "absl/time/clock.h"
 #include "client/remote_sandbox.h"
 #include "grpcpp/create_channel.h"
-#include "server/broker_server.h"
-#include "server/provider_setup.h"
+#include "server/app/broker_server.h"
+#include "server/app/provider_setup.h"
 #include "tests/testing/temp_dir.h"
 
 namespace sandbox {

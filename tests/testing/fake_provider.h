@@ -40,8 +40,8 @@ class FakeProvider final : public Provider {
       last_spec_ = spec;
     }
     ++counters_->live;
-    return std::unique_ptr<Sandbox>(new FakeSandbox(absl::StrCat(name_, "-", ++next_id_),
-                                                    counters_, exec_gate_, usage_hook_));
+    return std::unique_ptr<Sandbox>(
+        new FakeSandbox(absl::StrCat(name_, "-", ++next_id_), counters_, exec_gate_, usage_hook_));
   }
 
   void FailNextCreates(int n) {

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "server/session_store.h"
+#include "server/store/session_store.h"
 
 namespace sandbox {
 

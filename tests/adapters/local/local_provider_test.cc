@@ -664,7 +664,7 @@ TEST(LocalProviderStartup, StrictRefusesWithoutCgroupsAndBestEffortSaysSo) {
   EXPECT_EQ(strict.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(strict.status().message().find("\"best_effort\""), absl::string_view::npos)
       << strict.status().message();
-  c.enforcement = "best_effort";
+  c.enforcement = Enforcement::kBestEffort;
   auto weak = LocalProvider::Create(c);
   ASSERT_TRUE(weak.ok()) << weak.status();
   EXPECT_NE((*weak)->Degraded().find("best_effort"), std::string::npos);
