@@ -5,30 +5,14 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=$(cd "$1" && pwd)
 which=$2
-tmp=$(mktemp -d)
-pid=""
-cleanup() {
-  [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-chmod 711 "$tmp"
+source "$root/tests/testing/broker.sh"
 uid_base=$([ "$which" = python ] && echo 630000 || echo 640000)
 cat > "$tmp/config.json" <<JSON
 {"listen": "127.0.0.1:0", "auth": {"tokens": {"example-token-1": "examples"}},
  "state": {"path": "$tmp/state.db"},
  "providers": {"local": {"workspace_root": "$tmp/ws", "uid_base": $uid_base}}}
 JSON
-"$build/sandbox-brokerd" --config "$tmp/config.json" 2>"$tmp/broker.log" &
-pid=$!
-addr=""
-for _ in $(seq 300); do  # wait for startup (the log names the bound address)
-  addr=$(grep -o 'broker.serving address=[0-9.:]*' "$tmp/broker.log" | cut -d= -f2 || true)
-  [ -n "$addr" ] && break
-  kill -0 "$pid" 2>/dev/null || { cat "$tmp/broker.log"; exit 1; }
-  sleep 0.1
-done
-[ -n "$addr" ] || { echo "broker did not start"; cat "$tmp/broker.log"; exit 1; }
+start_broker "$build/sandbox-brokerd" "$tmp/config.json"
 
 case "$which" in
   python)

@@ -7,14 +7,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "$1" && pwd)
-tmp=$(mktemp -d)
-pid=""
-cleanup() {
-  [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-chmod 711 "$tmp"
+source "$here/../testing/broker.sh"
 prefix=$tmp/prefix
 cmake --install "$build" --prefix "$prefix" >/dev/null
 for f in bin/sandbox-brokerd bin/sandboxctl libexec/sandbox-broker/sandbox-init \
@@ -45,16 +38,7 @@ cat >"$tmp/config.json" <<JSON
 {"listen": "127.0.0.1:0", "state": {"path": "$tmp/state.db"},
  "providers": {"local": {"workspace_root": "$tmp/ws", "uid_base": 686000}}}
 JSON
-"$prefix/bin/sandbox-brokerd" --config "$tmp/config.json" 2>"$tmp/broker.log" &
-pid=$!
-addr=""
-for _ in $(seq 300); do  # startup: the log names the bound address
-  addr=$(grep -o 'broker.serving address=[0-9.:]*' "$tmp/broker.log" | cut -d= -f2 || true)
-  [ -n "$addr" ] && break
-  kill -0 "$pid" 2>/dev/null || { cat "$tmp/broker.log"; exit 1; }
-  sleep 0.1
-done
-[ -n "$addr" ] || { echo "broker did not start"; cat "$tmp/broker.log"; exit 1; }
+start_broker "$prefix/bin/sandbox-brokerd" "$tmp/config.json"
 out=$("$tmp/consumer/consumer" "$addr")
 [ "$out" = 42 ] || { echo "consumer printed '$out', not 42"; exit 1; }
 echo "install: prefix layout, --version, find_package(sandbox_broker) and a run through it: ok"
