@@ -362,7 +362,7 @@ absl::StatusOr<ClusterRoute> Cluster::Resolve(const std::string& tenant,
   }
   absl::StatusOr<ClaimResult> claim = etcd_->ClaimSession(tenant, session_id, options_.member_id);
   if (!claim.ok()) {
-    if (claim.status().code() == absl::StatusCode::kFailedPrecondition) return not_fresh();
+    if (IsOwnershipLost(claim.status())) return not_fresh();
     return Unreachable(claim.status());
   }
   if (!claim->claimed) return forward_to(claim->owner.member_id);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/config_reader.h"
+#include "common/refusal.h"
 #include "common/status_macros.h"
 
 namespace sandbox {
@@ -265,21 +266,25 @@ absl::Status PolicyEngine::CheckSpec(const TenantRules& rules, const std::string
                                      const std::string& provider, const std::string& template_name,
                                      const ResourceLimits& asked, bool known) {
   if (known && !rules.AllowsProvider(provider)) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("tenant ", tenant, ": provider \"", provider,
-                     "\" not allowed (allowed: ", Allowed(rules.providers), ")"));
+    return RefusedBy(absl::PermissionDeniedError(
+                         absl::StrCat("tenant ", tenant, ": provider \"", provider,
+                                      "\" not allowed (allowed: ", Allowed(rules.providers), ")")),
+                     "providers");
   }
   auto t = rules.templates.find(provider);
   if (!template_name.empty() && t != rules.templates.end() && !Contains(t->second, template_name)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "tenant ", tenant, ": template \"", template_name, "\" not allowed on provider \"",
-        provider, "\" (allowed: ", Allowed(t->second), ")"));
+    return RefusedBy(
+        absl::PermissionDeniedError(absl::StrCat("tenant ", tenant, ": template \"", template_name,
+                                                 "\" not allowed on provider \"", provider,
+                                                 "\" (allowed: ", Allowed(t->second), ")")),
+        "templates");
   }
   auto over = [&](const char* field, double value, double max) -> absl::Status {
     if (max > 0 && value > max) {
-      return absl::InvalidArgumentError(absl::StrCat("tenant ", tenant, ": spec.resources.", field,
-                                                     " ", value, " exceeds resources.", field, " (",
-                                                     max, ")"));
+      return RefusedBy(absl::InvalidArgumentError(
+                           absl::StrCat("tenant ", tenant, ": spec.resources.", field, " ", value,
+                                        " exceeds resources.", field, " (", max, ")")),
+                       "resources");
     }
     return absl::OkStatus();
   };
@@ -336,9 +341,10 @@ absl::StatusOr<PolicyEngine::RunSlot> PolicyEngine::BeginRun(const TenantRules& 
   int& running = running_[tenant];
   if (rules.max_concurrent_runs > 0 && running >= rules.max_concurrent_runs) {
     if (running == 0) running_.erase(tenant);
-    return absl::ResourceExhaustedError(absl::StrCat("tenant ", tenant, ": max_concurrent_runs (",
-                                                     rules.max_concurrent_runs,
-                                                     ") reached: wait for a run to finish"));
+    return RefusedBy(absl::ResourceExhaustedError(absl::StrCat(
+                         "tenant ", tenant, ": max_concurrent_runs (", rules.max_concurrent_runs,
+                         ") reached: wait for a run to finish")),
+                     "max_concurrent_runs");
   }
   if (rules.run_rate > 0) {
     // A bucket of run_rate tokens, refilled at run_rate per minute.
@@ -355,9 +361,11 @@ absl::StatusOr<PolicyEngine::RunSlot> PolicyEngine::BeginRun(const TenantRules& 
     if (b.tokens < 1.0 - 1e-9) {  // (tolerate rounding of the refill)
       if (running == 0) running_.erase(tenant);
       const double wait_s = (1.0 - b.tokens) * 60.0 / capacity;
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "tenant ", tenant, ": run_rate (", rules.run_rate, " per minute) exceeded: retry in ",
-          static_cast<int64_t>(std::ceil(wait_s)), "s"));
+      return RefusedBy(
+          absl::ResourceExhaustedError(absl::StrCat(
+              "tenant ", tenant, ": run_rate (", rules.run_rate, " per minute) exceeded: retry in ",
+              static_cast<int64_t>(std::ceil(wait_s)), "s")),
+          "run_rate");
     }
     b.tokens -= 1.0;
   }

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/log.h"
+#include "common/refusal.h"
 #include "common/status_macros.h"
 #include "common/text.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -345,8 +346,8 @@ absl::StatusOr<std::unique_ptr<BrokerCore::ExecPlan>> BrokerCore::AdmitRun(
   if (adm.rules != nullptr) {
     absl::StatusOr<PolicyEngine::RunSlot> admitted = ops_.policy->BeginRun(*adm.rules, ctx.tenant);
     if (!admitted.ok()) {
-      const bool rate = absl::StrContains(admitted.status().message(), "run_rate");
-      return Refused(ctx, admitted.status(), rate ? "run_rate" : "max_concurrent_runs");
+      return Refused(ctx, admitted.status(),
+                     RefusingRule(admitted.status()).value_or("max_concurrent_runs"));
     }
     plan->policy_slot = std::move(*admitted);
   }
@@ -1219,10 +1220,7 @@ absl::StatusOr<CreateOptions> BrokerCore::CreateOptionsFor(const CallContext& ct
   if (absl::Status s =
           PolicyEngine::CheckSpec(r, ctx.tenant, provider, o.template_name, asked, known);
       !s.ok()) {
-    const absl::string_view rule = s.code() == absl::StatusCode::kInvalidArgument ? "resources"
-                                   : absl::StrContains(s.message(), "template")   ? "templates"
-                                                                                  : "providers";
-    return Refused(ctx, s, rule, provider);
+    return Refused(ctx, s, RefusingRule(s).value_or("providers"), provider);
   }
   o.default_provider = r.default_provider;
   // A session asking for the default (0) still gets at most the tenant's cap.
@@ -1249,8 +1247,7 @@ absl::StatusOr<Lease> BrokerCore::AcquireFor(const CallContext& ctx, const std::
 absl::StatusOr<Lease> BrokerCore::RefusedIfMaxSessions(const CallContext& ctx,
                                                        const CreateOptions* o,
                                                        absl::StatusOr<Lease> lease) {
-  if (!lease.ok() && lease.status().code() == absl::StatusCode::kResourceExhausted &&
-      absl::StrContains(lease.status().message(), "max_sessions")) {
+  if (!lease.ok() && RefusingRule(lease.status()) == "max_sessions") {
     const std::string provider = o == nullptr                   ? ""
                                  : !o->provider.empty()         ? o->provider
                                  : !o->default_provider.empty() ? o->default_provider

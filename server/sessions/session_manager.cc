@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/failpoint.h"
 #include "common/log.h"
+#include "common/refusal.h"
 #include "common/text.h"
 #include "nlohmann/json.hpp"
 #include "server/telemetry/audit.h"
@@ -352,9 +353,10 @@ absl::StatusOr<Lease> SessionManager::AcquireOrBegin(
       }
       if (create->max_sessions > 0 &&
           static_cast<int64_t>(sessions.size()) >= create->max_sessions) {
-        return absl::ResourceExhaustedError(absl::StrCat("tenant ", tenant, ": max_sessions (",
-                                                         create->max_sessions,
-                                                         ") reached: close a session first"));
+        return RefusedBy(absl::ResourceExhaustedError(absl::StrCat(
+                             "tenant ", tenant, ": max_sessions (", create->max_sessions,
+                             ") reached: close a session first")),
+                         "max_sessions");
       }
       if (static_cast<int64_t>(sessions.size()) >= limits_.max_sessions_per_tenant) {
         return absl::ResourceExhaustedError(absl::StrCat("max_sessions_per_tenant (",
@@ -653,7 +655,7 @@ SessionManager::Closing SessionManager::BeginDestroy(const std::shared_ptr<Sessi
   // its sandbox is theirs, so this one lets go of it instead.
   if (store_ && reason != CloseReason::kGone) {
     const absl::Status w = store_->PutSession(c.rec);
-    if (store_->shared() && w.code() == absl::StatusCode::kFailedPrecondition) c.owned = false;
+    if (IsOwnershipLost(w)) c.owned = false;
     StoreWrite("closing", w);
   }
   if (c.owned && reason != CloseReason::kGone) Failpoint("close.before_destroy");

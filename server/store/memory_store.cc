@@ -4,12 +4,27 @@
 #include <tuple>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/text.h"
 #include "server/store/session_store.h"
 
 namespace sandbox {
+
+namespace {
+constexpr absl::string_view kOwnershipLostUrl = "type.sandbox-broker.dev/ownership-lost";
+}  // namespace
+
+absl::Status OwnershipLost(std::string message) {
+  absl::Status s = absl::FailedPreconditionError(std::move(message));
+  s.SetPayload(kOwnershipLostUrl, absl::Cord());
+  return s;
+}
+
+bool IsOwnershipLost(const absl::Status& status) {
+  return status.GetPayload(kOwnershipLostUrl).has_value();
+}
 namespace {
 
 class MemoryStore final : public SessionStore {

@@ -137,6 +137,12 @@ std::unique_ptr<SessionStore> NewMemoryStore(std::string deployment_id = "");
 // FAILED_PRECONDITION when another process holds the lock (naming its pid),
 // or when the file is torn, corrupt or not a sandbox-broker store (the file
 // is left as it is: never silently emptied).
+// A shared store's fenced write refused because another replica owns the
+// session now (or this replica is no longer a live member): FAILED_PRECONDITION
+// tagged so callers decide on the tag, never on the code or the text.
+absl::Status OwnershipLost(std::string message);
+bool IsOwnershipLost(const absl::Status& status);
+
 absl::StatusOr<std::unique_ptr<SessionStore>> OpenSqliteStore(const std::string& path);
 
 // Where the store lives by default: /var/lib/sandbox-broker/state.db as

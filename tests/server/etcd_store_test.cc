@@ -439,6 +439,7 @@ TEST_F(EtcdStoreTest, FencedWriteWithStaleTokenIsRejected) {
   absl::Status stale = store_->PutSessionFenced(by_a, fence_a);
   EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(stale.message().find("fencing token stale"), absl::string_view::npos) << stale;
+  EXPECT_TRUE(IsOwnershipLost(stale));  // typed: callers never read the code or the text
   EXPECT_EQ(store_->DeleteSessionFenced("t", "s", fence_a).code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(store_->ReleaseSession("t", "s", fence_a).code(),
@@ -462,6 +463,7 @@ TEST_F(EtcdStoreTest, OneHolderOfThePrefixLock) {
   auto other = OpenStore();
   auto refused = other->LockPrefix("broker-2", absl::Seconds(2), absl::ZeroDuration());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(IsOwnershipLost(refused.status()));  // another refusal, not a lost session
   EXPECT_NE(refused.status().message().find("broker-1"), absl::string_view::npos)
       << refused.status();
   // Another prefix is free.

@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/refusal.h"
 #include "server/config/auth.h"
 #include "server/config/config.h"
 #include "server/operators/reload.h"
@@ -125,16 +126,19 @@ TEST(PolicyEngine, SpecChecksNameTheRuleAndValue) {
   absl::Status s = PolicyEngine::CheckSpec(r, "acme", "e2b", "", {});
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(s.message(), "tenant acme: provider \"e2b\" not allowed (allowed: local)");
+  EXPECT_EQ(RefusingRule(s), "providers");  // typed, not read from the text
   s = PolicyEngine::CheckSpec(r, "acme", "local", "gpu", {});
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(s.message(),
             "tenant acme: template \"gpu\" not allowed on provider \"local\" (allowed: py, node)");
+  EXPECT_EQ(RefusingRule(s), "templates");
   ResourceLimits big;
   big.memory_bytes = 2048;
   s = PolicyEngine::CheckSpec(r, "acme", "local", "", big);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(),
             "tenant acme: spec.resources.memory_bytes 2048 exceeds resources.memory_bytes (1024)");
+  EXPECT_EQ(RefusingRule(s), "resources");
   ResourceLimits cpus;
   cpus.cpus = 1.5;
   s = PolicyEngine::CheckSpec(r, "acme", "local", "", cpus);
@@ -160,6 +164,7 @@ TEST(PolicyEngine, ConcurrentRunsAndRunRate) {
     EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
     EXPECT_EQ(c.status().message(),
               "tenant acme: max_concurrent_runs (2) reached: wait for a run to finish");
+    EXPECT_EQ(RefusingRule(c.status()), "max_concurrent_runs");
     EXPECT_TRUE(engine.BeginRun(r, "other").ok());  // per tenant
   }
   EXPECT_EQ(engine.running("acme"), 0);
@@ -172,6 +177,7 @@ TEST(PolicyEngine, ConcurrentRunsAndRunRate) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(refused.status().message(),
             "tenant acme: run_rate (6 per minute) exceeded: retry in 10s");
+  EXPECT_EQ(RefusingRule(refused.status()), "run_rate");
   clock.Advance(absl::Seconds(9));
   EXPECT_FALSE(engine.BeginRun(rate, "acme").ok());
   clock.Advance(absl::Seconds(1));

@@ -5,6 +5,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/refusal.h"
 #include "tests/testing/fake_provider.h"
 
 namespace sandbox {
@@ -85,6 +86,7 @@ TEST_F(SessionManagerTest, UsageIsReadWithTheTableUnlocked) {
   EXPECT_TRUE(one->usage.has_value());
   EXPECT_EQ(asked, 4);
   EXPECT_EQ(unlocked, 4);
+  manager_.reset();  // its closes read usage too: while the hook's captures live
 }
 
 TEST_F(SessionManagerTest, WithoutCreateAMissingSessionIsNotFound) {
@@ -188,6 +190,21 @@ TEST_F(SessionManagerTest, KeepAliveHoldsOffTheReaper) {
   EXPECT_EQ(manager().RunOnce(), 0);
   clock_.Advance(absl::Milliseconds(500));
   EXPECT_EQ(manager().RunOnce(), 1);
+}
+
+// A tenant's max_sessions refusal names its rule in a typed payload; the
+// broker-wide max_sessions_per_tenant is not a tenant policy refusal.
+TEST_F(SessionManagerTest, MaxSessionsRefusalsCarryTheirRule) {
+  CreateOptions capped = create_;
+  capped.max_sessions = 1;
+  ASSERT_TRUE(manager().Acquire("t", "a", &capped).ok());
+  auto policy = manager().Acquire("t", "b", &capped);
+  EXPECT_EQ(policy.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(RefusingRule(policy.status()), "max_sessions");
+  for (const char* id : {"c", "d"}) ASSERT_TRUE(manager().Acquire("t", id, &create_).ok());
+  auto broker = manager().Acquire("t", "e", &create_);  // limits_.max_sessions_per_tenant: 3
+  EXPECT_EQ(broker.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(RefusingRule(broker.status()), std::nullopt);
 }
 
 TEST_F(SessionManagerTest, ReaperWorkIsProportionalToWhatExpires) {

@@ -208,9 +208,8 @@ absl::Status Stale(const std::string& tenant, const std::string& id, int64_t fen
   if (!r.responses.empty() && !r.responses[0].kvs.empty()) {
     now = absl::StrCat("at revision ", r.responses[0].kvs[0].mod_revision);
   }
-  return absl::FailedPreconditionError(absl::StrCat("state: fencing token stale for session ",
-                                                    tenant, "/", id, " (token ", fence,
-                                                    "; owner key ", now, ")"));
+  return OwnershipLost(absl::StrCat("state: fencing token stale for session ", tenant, "/", id,
+                                    " (token ", fence, "; owner key ", now, ")"));
 }
 
 absl::Status CheckFence(int64_t fence) {
@@ -653,7 +652,7 @@ absl::StatusOr<ClaimResult> EtcdStore::ClaimSession(const std::string& tenant,
     absl::MutexLock l(&mu_);
     auto it = members_.find(member_id);
     if (it == members_.end()) {
-      return absl::FailedPreconditionError(
+      return OwnershipLost(
           absl::StrCat("state: ", member_id, " is not a live member registered here"));
     }
     lease = it->second;
