@@ -1,5 +1,9 @@
 #include "client/remote_sandbox.h"
 
+#include <algorithm>
+#include <istream>
+#include <ostream>
+
 #include "absl/strings/str_cat.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
@@ -230,6 +234,142 @@ absl::StatusOr<pb::CallToolResponse> RemoteSandbox::CallTool(const std::string& 
   grpc::Status s = stub_->CallTool(&ctx, req, &resp);
   if (!s.ok()) return FromGrpcStatus(s);
   return resp;
+}
+
+absl::StatusOr<std::optional<std::vector<pb::FileEntry>>> RemoteSandbox::ListFiles(
+    const std::string& path, int depth) {
+  std::vector<pb::FileEntry> out;
+  auto req = FileRequest<pb::ListFilesRequest>();
+  req.set_path(path);
+  req.set_depth(depth);
+  do {
+    grpc::ClientContext ctx;
+    Prepare(&ctx, kCallTimeout);
+    pb::ListFilesResponse resp;
+    grpc::Status s = stub_->ListFiles(&ctx, req, &resp);
+    if (!s.ok()) return FromGrpcStatus(s);
+    if (!resp.found()) return std::optional<std::vector<pb::FileEntry>>();
+    for (auto& e : *resp.mutable_entries()) out.push_back(std::move(e));
+    req.set_page_token(resp.next_page_token());
+  } while (!req.page_token().empty());
+  return std::optional<std::vector<pb::FileEntry>>(std::move(out));
+}
+
+absl::StatusOr<std::optional<pb::FileEntry>> RemoteSandbox::StatFile(const std::string& path) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, kCallTimeout);
+  auto req = FileRequest<pb::StatFileRequest>();
+  req.set_path(path);
+  pb::StatFileResponse resp;
+  grpc::Status s = stub_->StatFile(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  if (!resp.found()) return std::optional<pb::FileEntry>();
+  return std::optional<pb::FileEntry>(std::move(*resp.mutable_entry()));
+}
+
+absl::Status RemoteSandbox::MakeDir(const std::string& path, bool parents) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, kCallTimeout);
+  auto req = FileRequest<pb::MakeDirRequest>();
+  req.set_path(path);
+  req.set_parents(parents);
+  pb::MakeDirResponse resp;
+  return FromGrpcStatus(stub_->MakeDir(&ctx, req, &resp));
+}
+
+absl::StatusOr<bool> RemoteSandbox::RemoveFile(const std::string& path, bool recursive) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, kCallTimeout);
+  auto req = FileRequest<pb::RemoveFileRequest>();
+  req.set_path(path);
+  req.set_recursive(recursive);
+  pb::RemoveFileResponse resp;
+  grpc::Status s = stub_->RemoveFile(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp.existed();
+}
+
+absl::Status RemoteSandbox::MoveFile(const std::string& source, const std::string& destination,
+                                     bool overwrite) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, kCallTimeout);
+  auto req = FileRequest<pb::MoveFileRequest>();
+  req.set_source(source);
+  req.set_destination(destination);
+  req.set_overwrite(overwrite);
+  pb::MoveFileResponse resp;
+  return FromGrpcStatus(stub_->MoveFile(&ctx, req, &resp));
+}
+
+absl::StatusOr<int64_t> RemoteSandbox::UploadFile(const std::string& path, std::istream& in,
+                                                  const TransferOptions& options) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, options.timeout);
+  pb::UploadFileResponse resp;
+  std::unique_ptr<grpc::ClientWriterInterface<pb::UploadFileRequest>> writer =
+      stub_->UploadFile(&ctx, &resp);
+  pb::UploadFileRequest msg;
+  pb::UploadFileHeader* h = msg.mutable_header();
+  h->set_session_id(session_id_);
+  h->set_path(path);
+  h->set_mode(options.mode);
+  if (options.size) h->set_size(*options.size);
+  *h->mutable_spec() = spec_;
+  bool open = writer->Write(msg);
+  std::string chunk(std::max<size_t>(options.chunk_bytes, 1), '\0');
+  int64_t sent = 0;
+  while (open && in) {
+    in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+    const size_t n = static_cast<size_t>(in.gcount());
+    if (n == 0) break;
+    msg.set_chunk(chunk.data(), n);
+    open = writer->Write(msg);
+    sent += static_cast<int64_t>(n);
+    if (open && options.progress) options.progress(sent);
+  }
+  if (in.bad()) {
+    ctx.TryCancel();
+    (void)writer->Finish();
+    return absl::DataLossError("reading the local file failed; the upload was cancelled");
+  }
+  msg.set_commit(true);
+  if (open) (void)writer->Write(msg);
+  writer->WritesDone();
+  grpc::Status s = writer->Finish();
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp.bytes_written();
+}
+
+absl::StatusOr<std::optional<pb::FileEntry>> RemoteSandbox::DownloadFile(
+    const std::string& path, std::ostream& out, const TransferOptions& options) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, options.timeout);
+  auto req = FileRequest<pb::DownloadFileRequest>();
+  req.set_path(path);
+  req.set_offset(options.offset);
+  req.set_length(options.length);
+  std::unique_ptr<grpc::ClientReaderInterface<pb::DownloadFileResponse>> reader =
+      stub_->DownloadFile(&ctx, req);
+  pb::DownloadFileResponse msg;
+  std::optional<pb::FileEntry> entry;
+  int64_t received = 0;
+  while (reader->Read(&msg)) {
+    if (msg.has_header()) {
+      if (msg.header().found()) entry = msg.header().entry();
+      continue;
+    }
+    out.write(msg.chunk().data(), static_cast<std::streamsize>(msg.chunk().size()));
+    if (!out) {
+      ctx.TryCancel();
+      (void)reader->Finish();
+      return absl::DataLossError("writing the local file failed; the download was cancelled");
+    }
+    received += static_cast<int64_t>(msg.chunk().size());
+    if (options.progress) options.progress(received);
+  }
+  grpc::Status s = reader->Finish();
+  if (!s.ok()) return FromGrpcStatus(s);
+  return entry;
 }
 
 absl::StatusOr<std::vector<pb::SessionInfo>> RemoteSandbox::ListSessions() {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <functional>
+#include <iosfwd>
 #include <map>
 #include <memory>
 #include <optional>
@@ -19,6 +20,20 @@ struct RemoteRunOptions {
   pb::Language language = pb::LANGUAGE_UNSPECIFIED;  // the session's, else python
   int timeout_seconds = 0;                           // 0 = the broker's default
   std::map<std::string, std::string> env;
+};
+
+// A streamed transfer's options (RemoteSandbox::UploadFile, DownloadFile).
+struct RemoteTransferOptions {
+  uint32_t mode = 0;            // upload: permission bits (0 = 0644)
+  std::optional<int64_t> size;  // upload: the bytes the stream holds, when known
+  int64_t offset = 0;           // download: where to start
+  int64_t length = 0;           // download: 0 = to the end
+  // upload: bytes per message; each message must fit the broker's
+  // max_message_bytes (default 32 MiB, at least 4 KiB): just under 1 MiB.
+  size_t chunk_bytes = (1 << 20) - 1024;
+  absl::Duration timeout = absl::Hours(24);
+  // After each chunk: the bytes moved so far.
+  std::function<void(int64_t)> progress;
 };
 
 // How to reach a broker over TLS.
@@ -87,12 +102,45 @@ class RemoteSandbox {
   absl::StatusOr<pb::CallToolResponse> CallTool(const std::string& name,
                                                 const std::string& arguments_json);
 
+  // The file API (docs/api.md#files). Paths as WriteFile's.
+  // Every entry under directory `path` ("" = the workspace) down to `depth`,
+  // sorted by path, all pages; nullopt when `path` does not exist.
+  absl::StatusOr<std::optional<std::vector<pb::FileEntry>>> ListFiles(const std::string& path,
+                                                                      int depth = 1);
+  // nullopt when `path` does not exist.
+  absl::StatusOr<std::optional<pb::FileEntry>> StatFile(const std::string& path);
+  absl::Status MakeDir(const std::string& path, bool parents = false);
+  // Returns whether `path` existed.
+  absl::StatusOr<bool> RemoveFile(const std::string& path, bool recursive = false);
+  absl::Status MoveFile(const std::string& source, const std::string& destination,
+                        bool overwrite = false);
+
+  // Streamed transfers (docs/api.md#streamed-transfers): a chunk at a time,
+  // whatever the size (RemoteTransferOptions).
+  using TransferOptions = RemoteTransferOptions;
+  // Everything `in` holds, into `path`; returns the bytes written.
+  absl::StatusOr<int64_t> UploadFile(const std::string& path, std::istream& in,
+                                     const TransferOptions& options = {});
+  // `path`'s bytes into `out`; the file's entry, or nullopt when it does not
+  // exist (nothing written to `out`).
+  absl::StatusOr<std::optional<pb::FileEntry>> DownloadFile(const std::string& path,
+                                                            std::ostream& out,
+                                                            const TransferOptions& options = {});
+
   // The caller's sessions, all pages.
   absl::StatusOr<std::vector<pb::SessionInfo>> ListSessions();
 
  private:
   void Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const;
   // Deadline, credentials and the request shared by Run and RunStream.
+  // A file call's request: the session and its spec set.
+  template <typename Req>
+  Req FileRequest() const {
+    Req req;
+    req.set_session_id(session_id_);
+    *req.mutable_spec() = spec_;
+    return req;
+  }
   pb::RunRequest PrepareRun(grpc::ClientContext* ctx, const std::string& code,
                             const RemoteRunOptions& options) const;
 

@@ -5,6 +5,9 @@
 // file, 69 = the broker returned an error (printed as "CODE: message"),
 // 74 = local I/O error.
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -16,6 +19,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/mcp_grpc_backend.h"
 #include "client/remote_admin.h"
@@ -41,6 +45,15 @@ commands:
   shell COMMAND|-       run a bash command
   write PATH DATA|-     write a file (DATA, or stdin with -; binary-safe)
   read PATH             print a file's bytes (exit 66 if missing)
+  ls [PATH]             list a directory (default: the workspace; --depth N, --json)
+  stat PATH             describe a file without following symlinks (exit 66 if missing)
+  mkdir PATH            make a directory (-p: with its parents, and fine if it exists)
+  rm PATH               remove a file or empty directory (-r: and what is in it; exit 66
+                        if missing)
+  mv SOURCE DEST        move or rename (-f: replace DEST)
+  upload LOCAL REMOTE   stream a local file (or - for stdin) into the sandbox, of any size
+  download REMOTE LOCAL stream a file out (LOCAL - for stdout; exit 66 if missing); both
+                        show progress on a terminal, and a summary line otherwise
   close                 close the session (destroys its sandbox)
   sessions              list your sessions
   info                  show the session
@@ -77,7 +90,9 @@ flags:
   --tls-cert FILE       client certificate (PEM), with --tls-key, for brokers that verify clients
   --tls-key FILE
   --admin-token TOKEN   admin token ($SANDBOX_BROKER_ADMIN_TOKEN)
-  --json                admin: JSON instead of a table
+  --json                admin, ls, stat: JSON instead of a table
+  --depth N             ls: levels to list (1-10, default 1)
+  -p, -r, -f            mkdir: parents; rm: recursive; mv: overwrite
   --tenant T, --state S, --label K=V, --close-sessions   admin filters and options
 
 exit codes: run/shell exit with the program's code (124 = timed out);
@@ -148,6 +163,192 @@ std::string Num(double v) {
   ss.precision(1);
   ss << v;
   return ss.str();
+}
+
+struct FileFlags {
+  int depth = 1;
+  bool parents = false;    // mkdir -p
+  bool recursive = false;  // rm -r
+  bool overwrite = false;  // mv -f
+  bool json = false;
+};
+
+std::vector<std::string> FileRow(const sandbox::pb::FileEntry& e) {
+  const char* type = e.type() == sandbox::pb::FILE_TYPE_DIR       ? "d"
+                     : e.type() == sandbox::pb::FILE_TYPE_SYMLINK ? "l"
+                     : e.type() == sandbox::pb::FILE_TYPE_FILE    ? "-"
+                                                                  : "?";
+  std::string path = e.path();
+  if (e.type() == sandbox::pb::FILE_TYPE_SYMLINK) path += " -> " + e.symlink_target();
+  char mode[8];
+  snprintf(mode, sizeof(mode), "%04o", e.mode() & 07777);
+  return {std::string(type) + mode, std::to_string(e.size()), TextOf(e.mtime()), path};
+}
+
+// A transfer's progress on stderr: a bar redrawn at most 10 times a second
+// on a terminal (bytes, rate, ETA), else one line at the end.
+class Progress {
+ public:
+  Progress(std::string what, int64_t total) : what_(std::move(what)), total_(total) {
+    tty_ = isatty(STDERR_FILENO) == 1;
+  }
+  void Update(int64_t done) {
+    const absl::Time now = absl::Now();
+    if (!tty_ || now - last_ < absl::Milliseconds(100)) return;
+    last_ = now;
+    std::string line = absl::StrCat("\r", what_, " ", Mib(done));
+    if (total_ > 0) absl::StrAppend(&line, " / ", Mib(total_));
+    const double secs = absl::ToDoubleSeconds(now - start_);
+    const double rate = secs > 0 ? done / secs : 0;
+    absl::StrAppend(&line, "  ", Mib(static_cast<int64_t>(rate)), "/s");
+    if (total_ > 0 && rate > 0) {
+      absl::StrAppend(&line, "  ETA ", static_cast<int64_t>((total_ - done) / rate), " s");
+    }
+    std::cerr << line << "   " << std::flush;
+  }
+  void Done(int64_t done) {
+    const double secs = std::max(absl::ToDoubleSeconds(absl::Now() - start_), 1e-6);
+    if (tty_) std::cerr << "\n";
+    std::cerr << what_ << ": " << done << " bytes in " << Num(secs) << " s ("
+              << Mib(static_cast<int64_t>(done / secs)) << "/s)\n";
+  }
+
+ private:
+  static std::string Mib(int64_t bytes) { return Num(bytes / 1048576.0) + " MiB"; }
+  const std::string what_;
+  const int64_t total_;
+  bool tty_ = false;
+  const absl::Time start_ = absl::Now();
+  absl::Time last_ = absl::InfinitePast();
+};
+
+int Upload(sandbox::RemoteSandbox& sb, const std::string& local, const std::string& remote) {
+  std::ifstream file;
+  std::istream* in = &std::cin;
+  sandbox::RemoteSandbox::TransferOptions o;
+  if (local != "-") {
+    file.open(local, std::ios::binary);
+    if (!file) {
+      std::cerr << "sandboxctl: cannot open " << local << "\n";
+      return kExitIo;
+    }
+    file.seekg(0, std::ios::end);
+    o.size = static_cast<int64_t>(file.tellg());
+    file.seekg(0);
+    in = &file;
+  }
+  Progress progress("upload " + remote, o.size.value_or(0));
+  o.progress = [&progress](int64_t n) { progress.Update(n); };
+  auto r = sb.UploadFile(remote, *in, o);
+  if (!r.ok()) return RpcError(r.status());
+  progress.Done(*r);
+  return 0;
+}
+
+int Download(sandbox::RemoteSandbox& sb, const std::string& remote, const std::string& local) {
+  std::ofstream file;
+  std::ostream* out = &std::cout;
+  const std::string partial = local + ".partial";
+  if (local != "-") {
+    file.open(partial, std::ios::binary | std::ios::trunc);
+    if (!file) {
+      std::cerr << "sandboxctl: cannot write " << partial << "\n";
+      return kExitIo;
+    }
+    out = &file;
+  }
+  Progress progress("download " + remote, 0);
+  sandbox::RemoteSandbox::TransferOptions o;
+  int64_t got = 0;
+  o.progress = [&](int64_t n) {
+    got = n;
+    progress.Update(n);
+  };
+  auto r = sb.DownloadFile(remote, *out, o);
+  if (local != "-") file.close();
+  if (!r.ok() || !r->has_value()) {
+    if (local != "-") std::remove(partial.c_str());
+    if (!r.ok()) return RpcError(r.status());
+    std::cerr << "sandboxctl: " << remote << ": file not found\n";
+    return kExitNotFound;
+  }
+  if (local != "-" && std::rename(partial.c_str(), local.c_str()) != 0) {
+    std::cerr << "sandboxctl: cannot rename " << partial << " to " << local << "\n";
+    return kExitIo;
+  }
+  std::cout << std::flush;
+  if (local != "-") progress.Done(got);
+  return 0;
+}
+
+// ls, stat, mkdir, rm, mv, upload, download; -1 when `cmd` is none of them.
+int FilesMain(sandbox::RemoteSandbox& sb, const std::vector<std::string>& args,
+              const FileFlags& f) {
+  const std::string& cmd = args[0];
+  if (cmd == "ls") {
+    if (args.size() > 2) return Usage("ls takes at most a PATH");
+    const std::string path = args.size() == 2 ? args[1] : "";
+    auto r = sb.ListFiles(path, f.depth);
+    if (!r.ok()) return RpcError(r.status());
+    if (!r->has_value()) {
+      std::cerr << "sandboxctl: " << path << ": no such directory\n";
+      return kExitNotFound;
+    }
+    if (f.json) {
+      std::cout << "[";
+      for (size_t i = 0; i < (*r)->size(); ++i) std::cout << (i ? "," : "") << Json((**r)[i]);
+      std::cout << "]\n";
+      return 0;
+    }
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& e : **r) rows.push_back(FileRow(e));
+    PrintTable(rows);
+    return 0;
+  }
+  if (cmd == "stat") {
+    if (args.size() != 2) return Usage("stat takes PATH");
+    auto r = sb.StatFile(args[1]);
+    if (!r.ok()) return RpcError(r.status());
+    if (!r->has_value()) {
+      std::cerr << "sandboxctl: " << args[1] << ": not found\n";
+      return kExitNotFound;
+    }
+    if (f.json) {
+      std::cout << Json(**r) << "\n";
+    } else {
+      PrintTable({FileRow(**r)});
+    }
+    return 0;
+  }
+  if (cmd == "mkdir") {
+    if (args.size() != 2) return Usage("mkdir takes PATH");
+    absl::Status s = sb.MakeDir(args[1], f.parents);
+    return s.ok() ? 0 : RpcError(s);
+  }
+  if (cmd == "rm") {
+    if (args.size() != 2) return Usage("rm takes PATH");
+    auto r = sb.RemoveFile(args[1], f.recursive);
+    if (!r.ok()) return RpcError(r.status());
+    if (!*r) {
+      std::cerr << "sandboxctl: " << args[1] << ": not found\n";
+      return kExitNotFound;
+    }
+    return 0;
+  }
+  if (cmd == "upload") {
+    if (args.size() != 3) return Usage("upload takes LOCAL (or -) and REMOTE");
+    return Upload(sb, args[1], args[2]);
+  }
+  if (cmd == "download") {
+    if (args.size() != 3) return Usage("download takes REMOTE and LOCAL (or -)");
+    return Download(sb, args[1], args[2]);
+  }
+  if (cmd == "mv") {
+    if (args.size() != 3) return Usage("mv takes SOURCE and DEST");
+    absl::Status s = sb.MoveFile(args[1], args[2], f.overwrite);
+    return s.ok() ? 0 : RpcError(s);
+  }
+  return -1;
 }
 
 struct AdminFlags {
@@ -308,6 +509,7 @@ int main(int argc, char** argv) {
   sandbox::RemoteSandbox::Tls tls;
   std::string tls_ca, tls_cert, tls_key;
   AdminFlags admin;
+  FileFlags files;
   admin.token = EnvOr("SANDBOX_BROKER_ADMIN_TOKEN", "");
 
   for (int i = 1; i < argc; ++i) {
@@ -362,7 +564,15 @@ int main(int argc, char** argv) {
     } else if (a == "--admin-token") {
       if (!next(&admin.token)) return Usage("--admin-token needs a value");
     } else if (a == "--json") {
-      admin.json = true;
+      admin.json = files.json = true;
+    } else if (a == "--depth") {
+      if (!next(&v) || !absl::SimpleAtoi(v, &files.depth)) return Usage("--depth needs a number");
+    } else if (a == "-p" || a == "--parents") {
+      files.parents = true;
+    } else if (a == "-r" || a == "--recursive") {
+      files.recursive = true;
+    } else if (a == "-f" || a == "--overwrite") {
+      files.overwrite = true;
     } else if (a == "--tenant") {
       if (!next(&admin.tenant)) return Usage("--tenant needs a value");
     } else if (a == "--state") {
@@ -473,6 +683,7 @@ int main(int argc, char** argv) {
     if (fwrite(bytes.data(), 1, bytes.size(), stdout) != bytes.size()) return kExitIo;
     return 0;
   }
+  if (int rc = FilesMain(*sb, args, files); rc >= 0) return rc;
   if (cmd == "close") {
     auto r = sb->Close();
     if (!r.ok()) return RpcError(r.status());

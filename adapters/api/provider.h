@@ -3,6 +3,7 @@
 // The provider interface: what the broker needs from a sandbox backend
 // (local namespaces, E2B, Daytona, ...). Plain types, no I/O, no gRPC.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -147,6 +148,87 @@ struct ExecResult {
   std::string quota_exhausted;
 };
 
+// The file API (docs/api.md#files): one call, as a provider gets it.
+enum class FileType { kFile, kDir, kSymlink, kOther };
+
+struct FileEntry {
+  std::string path;  // as the sandbox sees it (absolute)
+  std::string name;
+  FileType type = FileType::kFile;
+  int64_t size = 0;
+  uint32_t mode = 0;  // permission bits (07777)
+  absl::Time mtime = absl::UnixEpoch();
+  std::string symlink_target;  // kSymlink only; never followed
+};
+
+struct FileOp {
+  enum class Kind { kList, kStat, kMakeDir, kRemove, kMove };
+  Kind kind = Kind::kStat;
+  // Relative paths resolve in the workspace; kList and kStat take "" for
+  // the workspace itself.
+  std::string path;
+  std::string destination;  // kMove
+  int depth = 1;            // kList: 1 = the directory's own entries
+  bool parents = false;     // kMakeDir: create missing parents, exists is fine
+  bool recursive = false;   // kRemove: a directory and everything in it
+  bool overwrite = false;   // kMove: replace what is at destination
+  // kList paging: only entries after `after` in listing order (ListingLess;
+  // "" = from the start), at most `limit` of them (0 = all). A provider may
+  // ignore both: the core pages what it returns.
+  std::string after;
+  size_t limit = 0;
+};
+
+// The listing order: depth first, names sorted bytewise within each
+// directory ("a", "a/x", "a-b"): paths compared component by component.
+inline bool ListingLess(const std::string& a, const std::string& b) {
+  const size_t n = std::min(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    if (a[i] == b[i]) continue;
+    if (a[i] == '/') return true;
+    if (b[i] == '/') return false;
+    return static_cast<unsigned char>(a[i]) < static_cast<unsigned char>(b[i]);
+  }
+  return a.size() < b.size();
+}
+
+struct FileOpResult {
+  // kList, kStat: the path exists; kRemove: it existed. A missing path is
+  // an answer, not an error (as ReadFile).
+  bool found = true;
+  // kList: the entries down to `depth`, in listing order (ListingLess);
+  // kStat: the one.
+  std::vector<FileEntry> entries;
+  // kList with a limit: more entries follow the last one.
+  bool more = false;
+};
+
+// A listing stops here (RESOURCE_EXHAUSTED naming it).
+inline constexpr size_t kMaxListedEntries = 100000;
+inline constexpr int kMaxListDepth = 10;
+
+// A streamed upload (UploadFile): Append the bytes in order, then Commit.
+// The file appears whole under its name at Commit, or not at all: an upload
+// destroyed uncommitted (cancelled, failed) leaves nothing behind. Blocking;
+// one caller at a time.
+class FileUpload {
+ public:
+  virtual ~FileUpload() = default;
+  // RESOURCE_EXHAUSTED past the workspace's quota or the upload's limit.
+  virtual absl::Status Append(absl::string_view chunk) = 0;
+  virtual absl::Status Commit() = 0;
+};
+
+// A streamed download: what the file is, then its bytes in order.
+// Blocking; one caller at a time.
+class FileDownload {
+ public:
+  virtual ~FileDownload() = default;
+  virtual const FileEntry& entry() const = 0;
+  // The next bytes, at most `max`, into *out; empty at the end.
+  virtual absl::Status Read(size_t max, std::string* out) = 0;
+};
+
 // One provider sandbox. Owned by exactly one session.
 //
 // Thread-safe: Exec, WriteFile and ReadFile may run concurrently. After
@@ -199,6 +281,31 @@ class Sandbox {
   virtual void WriteFileAsync(std::string path, std::string data, StatusDone done);
   virtual void ReadFileAsync(std::string path, ReadDone done);
   virtual void KeepAliveAsync(StatusDone done);
+
+  // The file API: list, stat, mkdir, remove, move (FileOp). Errors as
+  // WriteFile, plus NOT_FOUND (a move's source, a mkdir's missing parent),
+  // ALREADY_EXISTS (mkdir, a move without overwrite), FAILED_PRECONDITION
+  // (a non-empty directory without recursive). Default: UNIMPLEMENTED.
+  virtual absl::StatusOr<FileOpResult> Files(const FileOp& op) {
+    return absl::UnimplementedError("this provider has no file API beyond WriteFile and ReadFile");
+  }
+  // Files under ExecAsync's contract (default: Files on WorkPool::Shared()).
+  using FilesDone = std::function<void(absl::StatusOr<FileOpResult>)>;
+  virtual void FilesAsync(FileOp op, FilesDone done);
+  // Streamed transfers (blocking). An upload of `path` with permission bits
+  // `mode`, refused past `max_bytes`; a download of `length` bytes (0 = to
+  // the end) from `offset`, or null when the file does not exist.
+  // Default: UNIMPLEMENTED.
+  virtual absl::StatusOr<std::unique_ptr<FileUpload>> BeginUpload(const std::string& path,
+                                                                  uint32_t mode,
+                                                                  uint64_t max_bytes) {
+    return absl::UnimplementedError("this provider has no streamed uploads");
+  }
+  virtual absl::StatusOr<std::unique_ptr<FileDownload>> BeginDownload(const std::string& path,
+                                                                      int64_t offset,
+                                                                      int64_t length) {
+    return absl::UnimplementedError("this provider has no streamed downloads");
+  }
 
   // The limits applied to this sandbox, and what it uses now; nullopt when
   // the provider does not know.

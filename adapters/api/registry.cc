@@ -33,6 +33,11 @@ void Sandbox::ReadFileAsync(std::string path, ReadDone done) {
       [this, path = std::move(path), done = std::move(done)]() { done(ReadFile(path)); });
 }
 
+void Sandbox::FilesAsync(FileOp op, FilesDone done) {
+  WorkPool::Shared()->Submit(
+      [this, op = std::move(op), done = std::move(done)]() { done(Files(op)); });
+}
+
 void Sandbox::KeepAliveAsync(StatusDone done) {
   WorkPool::Shared()->Submit([this, done = std::move(done)]() { done(KeepAlive()); });
 }

@@ -314,6 +314,29 @@ WorkPool* SparePool() {
   return pool;
 }
 
+// An upload into a container's /tmp: its rename and its cleanup run as the
+// sandbox's uid too (there the host's root has no uid: EOVERFLOW).
+class UploadAsOwner final : public FileUpload {
+ public:
+  using AsOwnerFn = std::function<absl::Status(const std::function<absl::Status()>&)>;
+  UploadAsOwner(std::unique_ptr<FileUpload> inner, AsOwnerFn as_owner)
+      : inner_(std::move(inner)), as_owner_(std::move(as_owner)) {}
+  ~UploadAsOwner() override {
+    (void)as_owner_([this] {
+      inner_.reset();
+      return absl::OkStatus();
+    });
+  }
+  absl::Status Append(absl::string_view chunk) override { return inner_->Append(chunk); }
+  absl::Status Commit() override {
+    return as_owner_([this] { return inner_->Commit(); });
+  }
+
+ private:
+  std::unique_ptr<FileUpload> inner_;
+  const AsOwnerFn as_owner_;
+};
+
 class LocalSandbox final : public Sandbox {
  public:
   struct Parts {
@@ -581,17 +604,41 @@ class LocalSandbox final : public Sandbox {
     RETURN_IF_ERROR(CheckOpen());
     const WorkspaceFs& fs = FsFor(path);
     if (&fs == &tmp_fs_) RETURN_IF_ERROR(CheckContainer());
-    if (&fs != &tmp_fs_ || p_.uid < 0 || provider_->config().isolation == Isolation::kNone) {
-      return fs.Write(path, data);
+    return AsOwner(fs, [&] { return fs.Write(path, data); });
+  }
+
+  absl::StatusOr<FileOpResult> Files(const FileOp& op) override {
+    RETURN_IF_ERROR(CheckOpen());
+    const WorkspaceFs& fs = FsFor(op.path);
+    if (op.kind == FileOp::Kind::kMove && &FsFor(op.destination) != &fs) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot move \"", op.path, "\" to \"",
+                                                     op.destination,
+                                                     "\": /tmp and the workspace are apart"));
     }
-    // The container's /tmp belongs to its user namespace, where the host's
-    // root has no uid: create files as the sandbox's uid (this thread only).
-    syscall(SYS_setfsgid, p_.uid);
-    syscall(SYS_setfsuid, p_.uid);
-    absl::Status s = fs.Write(path, data);
-    syscall(SYS_setfsuid, 0);
-    syscall(SYS_setfsgid, 0);
-    return s;
+    if (&fs == &tmp_fs_) RETURN_IF_ERROR(CheckContainer());
+    return AsOwner(fs, [&] { return fs.Apply(op); });
+  }
+
+  absl::StatusOr<std::unique_ptr<FileUpload>> BeginUpload(const std::string& path, uint32_t mode,
+                                                          uint64_t max_bytes) override {
+    RETURN_IF_ERROR(CheckOpen());
+    const WorkspaceFs& fs = FsFor(path);
+    if (&fs == &tmp_fs_) RETURN_IF_ERROR(CheckContainer());
+    absl::StatusOr<std::unique_ptr<FileUpload>> up =
+        AsOwner(fs, [&] { return fs.BeginUpload(path, mode, max_bytes); });
+    if (!up.ok() || &fs != &tmp_fs_) return up;
+    return std::unique_ptr<FileUpload>(new UploadAsOwner(
+        std::move(*up),
+        [this](const std::function<absl::Status()>& step) { return AsOwner(tmp_fs_, step); }));
+  }
+
+  absl::StatusOr<std::unique_ptr<FileDownload>> BeginDownload(const std::string& path,
+                                                              int64_t offset,
+                                                              int64_t length) override {
+    RETURN_IF_ERROR(CheckOpen());
+    const WorkspaceFs& fs = FsFor(path);
+    if (&fs == &tmp_fs_) RETURN_IF_ERROR(CheckContainer());
+    return fs.BeginDownload(path, offset, length);
   }
 
   absl::StatusOr<std::optional<std::string>> ReadFile(absl::string_view path) override {
@@ -928,6 +975,22 @@ class LocalSandbox final : public Sandbox {
       return GoneOrKilled(collector, timed_out, cancelled);
     }
     return FinishResult(collector, status, timed_out, cancelled);
+  }
+
+  // `change` on `fs`. The container's /tmp belongs to its user namespace,
+  // where the host's root has no uid: there files are made as the sandbox's
+  // uid (this thread only).
+  template <typename Change>
+  auto AsOwner(const WorkspaceFs& fs, Change change) -> decltype(change()) {
+    if (&fs != &tmp_fs_ || p_.uid < 0 || provider_->config().isolation == Isolation::kNone) {
+      return change();
+    }
+    syscall(SYS_setfsgid, p_.uid);
+    syscall(SYS_setfsuid, p_.uid);
+    auto result = change();
+    syscall(SYS_setfsuid, 0);
+    syscall(SYS_setfsgid, 0);
+    return result;
   }
 
   // /tmp paths go to the container's /tmp.

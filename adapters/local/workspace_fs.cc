@@ -10,78 +10,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "adapters/local/fs_internal.h"
 
 namespace sandbox {
 namespace {
 
-constexpr size_t kMaxPathBytes = 4096;
-constexpr size_t kMaxComponentBytes = 255;
-
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  int get() const { return fd_; }
-  void reset(int fd) {
-    if (fd_ >= 0) close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_;
-};
-
-absl::Status Errno(absl::string_view what, absl::string_view path, int err) {
-  std::string msg = absl::StrCat(what, " \"", path, "\": ", strerror(err));
-  switch (err) {
-    case ELOOP:
-      return absl::PermissionDeniedError(
-          absl::StrCat("path \"", path, "\" goes through a symlink (refused)"));
-    case ENOTDIR:
-      return absl::InvalidArgumentError(
-          absl::StrCat("path \"", path, "\": a parent is not a directory"));
-    case EISDIR:
-      return absl::InvalidArgumentError(absl::StrCat("path \"", path, "\" is a directory"));
-    case EACCES:
-    case EPERM:
-      return absl::PermissionDeniedError(msg);
-    case ENOSPC:
-    case EDQUOT:
-    case EFBIG:
-      return absl::ResourceExhaustedError(msg);
-    case ENAMETOOLONG:
-      return absl::InvalidArgumentError(msg);
-    default:
-      return absl::InternalError(msg);
-  }
-}
-
-// After ENOTDIR/ELOOP on `name` in `dir`: a symlink is refused outright.
-bool IsSymlink(int dir, const char* name) {
-  struct stat st;
-  return fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode);
-}
-
-// Checks an opened final component: a regular file with one link.
-absl::Status CheckRegular(int fd, absl::string_view path) {
-  struct stat st;
-  if (fstat(fd, &st) != 0) return Errno("stat", path, errno);
-  if (S_ISDIR(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat("path \"", path, "\" is a directory"));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat("path \"", path, "\" is not a regular file"));
-  }
-  if (st.st_nlink > 1) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("path \"", path, "\" is a hard-linked file (refused)"));
-  }
-  return absl::OkStatus();
-}
+using fs_internal::CheckRegular;
+using fs_internal::Errno;
+using fs_internal::Fd;
+using fs_internal::kMaxComponentBytes;
+using fs_internal::kMaxPathBytes;
 
 }  // namespace
 
@@ -95,6 +33,15 @@ WorkspaceFs::WorkspaceFs(std::string root, std::string mount_point, int uid, int
 
 absl::StatusOr<std::vector<std::string>> WorkspaceFs::Resolve(absl::string_view path) const {
   if (path.empty()) return absl::InvalidArgumentError("path is empty");
+  absl::StatusOr<std::vector<std::string>> parts = ResolveOrRoot(path);
+  if (parts.ok() && parts->empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("path \"", path, "\" names the workspace itself, not a file"));
+  }
+  return parts;
+}
+
+absl::StatusOr<std::vector<std::string>> WorkspaceFs::ResolveOrRoot(absl::string_view path) const {
   if (path.size() > kMaxPathBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("path is longer than ", kMaxPathBytes, " bytes"));
@@ -103,7 +50,7 @@ absl::StatusOr<std::vector<std::string>> WorkspaceFs::Resolve(absl::string_view 
     return absl::InvalidArgumentError("path contains a NUL byte");
   }
   absl::string_view rel = path;
-  if (rel.front() == '/') {
+  if (!rel.empty() && rel.front() == '/') {
     absl::string_view mp = mount_point_;
     if (rel.substr(0, mp.size()) == mp && (rel.size() == mp.size() || rel[mp.size()] == '/')) {
       rel.remove_prefix(mp.size());
@@ -129,10 +76,6 @@ absl::StatusOr<std::vector<std::string>> WorkspaceFs::Resolve(absl::string_view 
     }
     parts.emplace_back(c);
   }
-  if (parts.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("path \"", path, "\" names the workspace itself, not a file"));
-  }
   return parts;
 }
 
@@ -143,24 +86,13 @@ absl::Status WorkspaceFs::Write(absl::string_view path, absl::string_view data) 
     return absl::ResourceExhaustedError(
         absl::StrCat("file is ", data.size(), " bytes; the limit is ", max_file_bytes_));
   }
-  Fd dir(open(root_.c_str(), O_DIRECTORY | O_RDONLY | O_CLOEXEC));
-  if (dir.get() < 0) return Errno("open workspace", path, errno);
-  for (size_t i = 0; i + 1 < parts->size(); ++i) {
-    const char* name = (*parts)[i].c_str();
-    int fd = openat(dir.get(), name, O_DIRECTORY | O_NOFOLLOW | O_RDONLY | O_CLOEXEC);
-    if (fd < 0 && errno == ENOENT) {
-      if (mkdirat(dir.get(), name, 0755) != 0 && errno != EEXIST) {
-        return Errno("mkdir", path, errno);
-      }
-      fd = openat(dir.get(), name, O_DIRECTORY | O_NOFOLLOW | O_RDONLY | O_CLOEXEC);
-      if (fd >= 0 && uid_ >= 0) (void)!fchown(fd, uid_, gid_);
-    }
-    if (fd < 0 && (errno == ENOTDIR || errno == ELOOP) && IsSymlink(dir.get(), name)) {
-      return Errno("open", path, ELOOP);
-    }
-    if (fd < 0) return Errno("open", path, errno);
-    dir.reset(fd);
+  absl::StatusOr<int> opened = OpenDir(*parts, parts->size() - 1, /*create=*/true, path);
+  if (!opened.ok() && opened.status().code() == absl::StatusCode::kNotFound) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("path \"", path, "\": a parent is not a directory"));
   }
+  if (!opened.ok()) return opened.status();
+  Fd dir(*opened);
   Fd file(openat(dir.get(), parts->back().c_str(),
                  O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644));
   if (file.get() < 0) return Errno("open", path, errno);
@@ -182,20 +114,12 @@ absl::Status WorkspaceFs::Write(absl::string_view path, absl::string_view data) 
 absl::StatusOr<std::optional<std::string>> WorkspaceFs::Read(absl::string_view path) const {
   auto parts = Resolve(path);
   if (!parts.ok()) return parts.status();
-  Fd dir(open(root_.c_str(), O_DIRECTORY | O_RDONLY | O_CLOEXEC));
-  if (dir.get() < 0) return Errno("open workspace", path, errno);
-  for (size_t i = 0; i + 1 < parts->size(); ++i) {
-    int fd =
-        openat(dir.get(), (*parts)[i].c_str(), O_DIRECTORY | O_NOFOLLOW | O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      if ((errno == ENOTDIR || errno == ELOOP) && IsSymlink(dir.get(), (*parts)[i].c_str())) {
-        return Errno("open", path, ELOOP);
-      }
-      if (errno == ENOENT || errno == ENOTDIR) return std::optional<std::string>();
-      return Errno("open", path, errno);
-    }
-    dir.reset(fd);
+  absl::StatusOr<int> opened = OpenDir(*parts, parts->size() - 1, /*create=*/false, path);
+  if (!opened.ok() && opened.status().code() == absl::StatusCode::kNotFound) {
+    return std::optional<std::string>();  // a parent is missing, or not a directory
   }
+  if (!opened.ok()) return opened.status();
+  Fd dir(*opened);
   Fd file(openat(dir.get(), parts->back().c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   if (file.get() < 0) {
     if (errno == ENOENT) return std::optional<std::string>();

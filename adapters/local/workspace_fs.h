@@ -1,5 +1,6 @@
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -7,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "adapters/api/provider.h"
 
 namespace sandbox {
 
@@ -36,7 +38,34 @@ class WorkspaceFs {
   // RESOURCE_EXHAUSTED when it is larger than max_file_bytes.
   absl::StatusOr<std::optional<std::string>> Read(absl::string_view path) const;
 
+  // One call of the file API (FileOp: list, stat, mkdir, remove, move) by
+  // the same no-follow, descriptor-relative walk (workspace_tree.cc).
+  // Entries name paths as the sandbox sees them (under mount_point).
+  absl::StatusOr<FileOpResult> Apply(const FileOp& op) const;
+
+  // Streamed transfers (workspace_stream.cc): an upload through a hidden
+  // file beside `path`, renamed over it at Commit (parents created); a
+  // download of a regular, singly linked file, or null when it is missing.
+  absl::StatusOr<std::unique_ptr<FileUpload>> BeginUpload(absl::string_view path, uint32_t mode,
+                                                          uint64_t max_bytes) const;
+  absl::StatusOr<std::unique_ptr<FileDownload>> BeginDownload(absl::string_view path,
+                                                              int64_t offset, int64_t length) const;
+
  private:
+  // The path's components; "" and the mount point itself are the root ({}).
+  absl::StatusOr<std::vector<std::string>> ResolveOrRoot(absl::string_view path) const;
+  // The directory parts[0, n) opened without following symlinks (an owned
+  // descriptor); missing ones created (owned by uid/gid) when `create`.
+  // NOT_FOUND when one is missing, PERMISSION_DENIED for a symlink.
+  absl::StatusOr<int> OpenDir(const std::vector<std::string>& parts, size_t n, bool create,
+                              absl::string_view path) const;
+  std::string SandboxPath(const std::vector<std::string>& parts) const;
+  absl::StatusOr<FileOpResult> List(const FileOp& op) const;
+  absl::StatusOr<FileOpResult> Stat(const FileOp& op) const;
+  absl::StatusOr<FileOpResult> MakeDir(const FileOp& op) const;
+  absl::StatusOr<FileOpResult> Remove(const FileOp& op) const;
+  absl::StatusOr<FileOpResult> Move(const FileOp& op) const;
+
   const std::string root_;
   const std::string mount_point_;
   const int uid_;

@@ -65,6 +65,7 @@ absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text) {
   c.max_timeout_seconds = r.Int("max_timeout_seconds", c.max_timeout_seconds, 1, 7 * kDay);
   c.max_output_bytes = r.Int("max_output_bytes", c.max_output_bytes, 1, int64_t{1} << 30);
   c.max_message_bytes = r.Int("max_message_bytes", c.max_message_bytes, 4096, int64_t{1} << 30);
+  c.max_transfer_bytes = r.Int("max_transfer_bytes", c.max_transfer_bytes, 0, int64_t{1} << 50);
   c.close_wait_seconds = r.Int("close_wait_seconds", c.close_wait_seconds, 0, kDay);
   c.max_threads = r.Int("max_threads", c.max_threads, 4, 100000);
   c.reflection = r.Bool("reflection", c.reflection);

@@ -31,6 +31,9 @@ struct BrokerConfig {
   int64_t max_output_bytes = 65536;
   // Largest gRPC message accepted or sent (bigger: RESOURCE_EXHAUSTED).
   int64_t max_message_bytes = int64_t{32} << 20;
+  // The largest streamed upload (UploadFile); 0 = no limit of the broker's
+  // own (the workspace's quota still applies).
+  int64_t max_transfer_bytes = 0;
   // How long CloseSession waits for in-flight calls before destroying.
   int64_t close_wait_seconds = 10;
   // Threads for the calls that must block (file transfers, creates and

@@ -750,12 +750,11 @@ absl::StatusOr<pb::ReadFileResponse> BrokerCore::ReadFile(const CallContext& ctx
 }
 
 void BrokerCore::FileLeaseAsync(const CallContext& ctx, const std::string& session_id,
-                                const std::string& path, const pb::SessionSpec& spec,
+                                const pb::SessionSpec& spec,
                                 const std::function<absl::Status()>& check, FileLeaseDone then) {
   absl::StatusOr<Admission> adm = Admit(ctx);
   if (!adm.ok()) return then(adm.status());
   if (absl::Status s = ValidateSessionId(session_id); !s.ok()) return then(s);
-  if (path.empty()) return then(absl::InvalidArgumentError("path is empty"));
   if (absl::Status s = check(); !s.ok()) return then(s);
   absl::StatusOr<CreateOptions> o = CreateOptionsFor(ctx, *adm, spec);
   if (!o.ok()) return then(o.status());
@@ -771,12 +770,13 @@ void BrokerCore::WriteFileAsync(const CallContext& ctx, const pb::WriteFileReque
                                 Done<pb::WriteFileResponse> done) {
   auto bytes = std::make_shared<std::string>();
   auto decode = [&req, bytes] {
+    if (req.path().empty()) return absl::InvalidArgumentError("path is empty");
     absl::StatusOr<std::string> data = Decode(req.contents(), req.encoding(), "contents");
     if (!data.ok()) return data.status();
     *bytes = std::move(*data);
     return absl::OkStatus();
   };
-  FileLeaseAsync(ctx, req.session_id(), req.path(), req.spec(), decode,
+  FileLeaseAsync(ctx, req.session_id(), req.spec(), decode,
                  [this, ctx, session_id = req.session_id(), path = req.path(), bytes,
                   done](absl::StatusOr<std::shared_ptr<Lease>> lease) {
                    if (!lease.ok()) return done(lease.status());
@@ -806,12 +806,13 @@ void BrokerCore::WriteFileAsync(const CallContext& ctx, const pb::WriteFileReque
 void BrokerCore::ReadFileAsync(const CallContext& ctx, const pb::ReadFileRequest& req,
                                Done<pb::ReadFileResponse> done) {
   const pb::Encoding encoding = req.encoding();
-  auto known_encoding = [encoding] {
+  auto checks = [&req, encoding] {
+    if (req.path().empty()) return absl::InvalidArgumentError("path is empty");
     if (encoding == pb::ENCODING_UTF8 || encoding == pb::ENCODING_BASE64) return absl::OkStatus();
     return absl::InvalidArgumentError(
         absl::StrCat("unknown encoding ", static_cast<int>(encoding)));
   };
-  FileLeaseAsync(ctx, req.session_id(), req.path(), req.spec(), known_encoding,
+  FileLeaseAsync(ctx, req.session_id(), req.spec(), checks,
                  [this, ctx, session_id = req.session_id(), path = req.path(),
                   base64 = encoding == pb::ENCODING_BASE64,
                   done](absl::StatusOr<std::shared_ptr<Lease>> lease) {

@@ -109,6 +109,7 @@ class BrokerCore {
   // WorkPool::Shared()).
   void SetBlockingPool(WorkPool* pool) { blocking_ = pool; }
   WorkPool* blocking_pool() const { return blocking_; }
+  int64_t max_message_bytes() const { return config_.max_message_bytes; }
   // Publishes the per-tenant run limits' state to the metrics.
   void PublishLimits();
 
@@ -126,6 +127,26 @@ class BrokerCore {
                       Done<pb::KeepAliveResponse> done);
   void CloseSessionAsync(const CallContext& ctx, const pb::CloseSessionRequest& req,
                          Done<pb::CloseSessionResponse> done);
+  // Streamed transfers (docs/api.md#streamed-transfers; transfers.h): the
+  // session's lease and the provider's transfer, or why not. `done` as
+  // RunAsync.
+  class Upload;
+  class Download;
+  void BeginUploadAsync(const CallContext& ctx, const pb::UploadFileHeader& header,
+                        Done<std::unique_ptr<Upload>> done);
+  void BeginDownloadAsync(const CallContext& ctx, const pb::DownloadFileRequest& req,
+                          Done<std::unique_ptr<Download>> done);
+  // The file API (docs/api.md#files; server/core/files.cc).
+  void ListFilesAsync(const CallContext& ctx, const pb::ListFilesRequest& req,
+                      Done<pb::ListFilesResponse> done);
+  void StatFileAsync(const CallContext& ctx, const pb::StatFileRequest& req,
+                     Done<pb::StatFileResponse> done);
+  void MakeDirAsync(const CallContext& ctx, const pb::MakeDirRequest& req,
+                    Done<pb::MakeDirResponse> done);
+  void RemoveFileAsync(const CallContext& ctx, const pb::RemoveFileRequest& req,
+                       Done<pb::RemoveFileResponse> done);
+  void MoveFileAsync(const CallContext& ctx, const pb::MoveFileRequest& req,
+                     Done<pb::MoveFileResponse> done);
   absl::StatusOr<pb::ListToolsResponse> ListTools(const CallContext& ctx,
                                                   const pb::ListToolsRequest& req);
   absl::StatusOr<pb::CallToolResponse> CallTool(const CallContext& ctx,
@@ -251,12 +272,23 @@ class BrokerCore {
   using LeaseDone = std::function<void(absl::StatusOr<Lease>)>;
   void LeaseAsync(const CallContext& ctx, const std::string& session_id,
                   std::shared_ptr<const CreateOptions> create, LeaseDone then);
-  // WriteFile's and ReadFile's start: admission, the session id and path,
-  // `check` (the method's own), the create options, then the lease.
+  // A file call's start: admission, the session id, `check` (the method's
+  // own: paths, encodings), the create options, then the lease.
   using FileLeaseDone = std::function<void(absl::StatusOr<std::shared_ptr<Lease>>)>;
   void FileLeaseAsync(const CallContext& ctx, const std::string& session_id,
-                      const std::string& path, const pb::SessionSpec& spec,
-                      const std::function<absl::Status()>& check, FileLeaseDone then);
+                      const pb::SessionSpec& spec, const std::function<absl::Status()>& check,
+                      FileLeaseDone then);
+  // A provider's failure of a file call under `lease`: UNIMPLEMENTED names
+  // the provider (the provider has no such call: not its failure), else
+  // FailAsync.
+  void FileCallFailed(const CallContext& ctx, const std::string& session_id,
+                      std::shared_ptr<Lease> lease, absl::Status status,
+                      std::function<void(absl::Status)> done);
+  // The file API's one path (files.cc): FileLeaseAsync, then the provider's
+  // FilesAsync.
+  void FilesAsync(const CallContext& ctx, const std::string& session_id,
+                  const pb::SessionSpec& spec, FileOp op,
+                  const std::function<absl::Status()>& check, Done<FileOpResult> done);
   // A provider call's failure under a held lease: DropIfGone, on the
   // blocking pool when it closes the session (never on a provider thread).
   void FailAsync(const CallContext& ctx, const std::string& session_id,

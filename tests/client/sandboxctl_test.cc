@@ -1,6 +1,7 @@
 // The sandboxctl binary against a real broker.
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 
@@ -59,6 +60,61 @@ TEST_F(SandboxctlTest, FilesRoundTripBinarySafe) {
   EXPECT_EQ(r.out, binary);
   r = Cli("read missing.txt");
   EXPECT_EQ(r.exit_code, 66);
+}
+
+TEST_F(SandboxctlTest, ListStatMakeRemoveMove) {
+  EXPECT_EQ(Cli("mkdir a/b").exit_code, 69);  // no parent without -p
+  EXPECT_EQ(Cli("mkdir -p a/b").exit_code, 0);
+  EXPECT_EQ(Cli("write a/f.txt hello").exit_code, 0);
+  CliResult r = Cli("ls --depth 2 a");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("d0755"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("/workspace/a/b\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("5  "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("/workspace/a/f.txt\n"), std::string::npos) << r.out;
+  r = Cli("--json stat a/f.txt");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("\"path\":\"/workspace/a/f.txt\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"type\":\"FILE_TYPE_FILE\""), std::string::npos) << r.out;
+  EXPECT_EQ(Cli("mv a/f.txt a/b/g.txt").exit_code, 0);
+  EXPECT_EQ(Cli("read a/b/g.txt").out, "hello");
+  EXPECT_EQ(Cli("stat a/f.txt").exit_code, 66);
+  EXPECT_EQ(Cli("rm a").exit_code, 69);  // not empty
+  EXPECT_EQ(Cli("rm -r a").exit_code, 0);
+  EXPECT_EQ(Cli("rm -r a").exit_code, 66);
+  EXPECT_EQ(Cli("ls a").exit_code, 66);
+  EXPECT_EQ(Cli("mv x").exit_code, 64);
+}
+
+TEST_F(SandboxctlTest, UploadAndDownloadStreamFiles) {
+  std::string data(3 << 20, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>((i * 7919) >> 3);
+  const std::string local = dir_.path() + "/local.bin";
+  FILE* f = fopen(local.c_str(), "wb");
+  fwrite(data.data(), 1, data.size(), f);
+  fclose(f);
+  CliResult r = Cli("upload " + local + " in/data.bin");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("upload in/data.bin: 3145728 bytes in "), std::string::npos) << r.out;
+  EXPECT_EQ(Cli("shell 'wc -c < in/data.bin'").out, "3145728\n");
+  const std::string back = dir_.path() + "/back.bin";
+  r = Cli("download in/data.bin " + back);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  std::string got;
+  f = fopen(back.c_str(), "rb");
+  ASSERT_NE(f, nullptr);
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), f)) > 0) got.append(buf, n);
+  fclose(f);
+  EXPECT_TRUE(got == data);
+  EXPECT_EQ(Cli("upload - small.txt", "from stdin").exit_code, 0);
+  EXPECT_EQ(Cli("download small.txt -").out, "from stdin");
+  r = Cli("download missing.bin " + dir_.path() + "/missing.bin");
+  EXPECT_EQ(r.exit_code, 66);
+  EXPECT_NE(access((dir_.path() + "/missing.bin").c_str(), F_OK), 0);
+  EXPECT_NE(access((dir_.path() + "/missing.bin.partial").c_str(), F_OK), 0);
+  EXPECT_EQ(Cli("upload /no/such/file x").exit_code, 74);
 }
 
 TEST_F(SandboxctlTest, SessionsInfoCloseAndErrors) {

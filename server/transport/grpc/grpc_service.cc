@@ -116,6 +116,37 @@ BrokerService::BrokerService(BrokerCore* core, const Authenticator* auth, Clock*
       11, "CallTool", [core](const CallContext& cc, auto req, auto done) {
         core->CallToolAsync(cc, *req, [req, done](auto r) { done(std::move(r)); });
       });
+  // The file API, as WriteFile: no thread held while the provider works.
+  RegisterUnary<pb::ListFilesRequest, pb::ListFilesResponse>(
+      12, "ListFiles", [core](const CallContext& cc, auto req, auto done) {
+        core->ListFilesAsync(cc, *req, [req, done](auto r) { done(std::move(r)); });
+      });
+  RegisterUnary<pb::StatFileRequest, pb::StatFileResponse>(
+      13, "StatFile", [core](const CallContext& cc, auto req, auto done) {
+        core->StatFileAsync(cc, *req, [req, done](auto r) { done(std::move(r)); });
+      });
+  RegisterUnary<pb::MakeDirRequest, pb::MakeDirResponse>(
+      14, "MakeDir", [core](const CallContext& cc, auto req, auto done) {
+        core->MakeDirAsync(cc, *req, [req, done](auto r) { done(std::move(r)); });
+      });
+  RegisterUnary<pb::RemoveFileRequest, pb::RemoveFileResponse>(
+      15, "RemoveFile", [core](const CallContext& cc, auto req, auto done) {
+        core->RemoveFileAsync(cc, *req, [req, done](auto r) { done(std::move(r)); });
+      });
+  RegisterUnary<pb::MoveFileRequest, pb::MoveFileResponse>(
+      16, "MoveFile", [core](const CallContext& cc, auto req, auto done) {
+        core->MoveFileAsync(cc, *req, [req, done](auto r) { done(std::move(r)); });
+      });
+  MarkMethodRawCallback(
+      17, new grpc::internal::CallbackClientStreamingHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+              [this](grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response) {
+                return UploadFile(ctx, response);
+              }));
+  MarkMethodRawCallback(
+      18, new grpc::internal::CallbackServerStreamingHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+              [this](grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
+                return DownloadFile(ctx, request);
+              }));
 }
 
 void BrokerService::StartDraining() {
@@ -159,19 +190,6 @@ std::string RequestId(const grpc::ServerContextBase* ctx, bool* from_client) {
   static std::atomic<uint64_t> counter{0};
   return absl::StrCat(*prefix, "-", ++counter);
 }
-
-struct BrokerService::Call {
-  grpc::CallbackServerContext* ctx = nullptr;
-  std::string method;
-  std::string session_id;
-  std::string request_id;
-  absl::Time start;
-  std::string tenant = "-";
-  std::string provider;    // CallContext::provider points here
-  bool counted = false;    // in in_flight_
-  LimitSlot slot;          // max_calls_in_flight
-  bool forwarded = false;  // from another replica (never forwarded again)
-};
 
 void BrokerService::Begin(const std::shared_ptr<Call>& call,
                           std::function<void(const CallContext&)> go,

@@ -75,6 +75,11 @@ class BrokerService final : public pb::SandboxBroker::Service {
                                        Raw raw);
   grpc::ServerWriteReactor<grpc::ByteBuffer>* RunStream(grpc::CallbackServerContext* ctx,
                                                         const grpc::ByteBuffer* request);
+  // Streamed transfers (transfers.cc).
+  grpc::ServerReadReactor<grpc::ByteBuffer>* UploadFile(grpc::CallbackServerContext* ctx,
+                                                        grpc::ByteBuffer* response);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* DownloadFile(grpc::CallbackServerContext* ctx,
+                                                           const grpc::ByteBuffer* request);
   // Admission (drain, max_calls_in_flight, authentication); then `go` with
   // the call's context, or `fail` with why not. Either is called once.
   void Begin(const std::shared_ptr<Call>& call, std::function<void(const CallContext&)> go,
@@ -106,6 +111,20 @@ class BrokerService final : public pb::SandboxBroker::Service {
   std::shared_ptr<grpc::ChannelCredentials> peer_credentials_;
   absl::Mutex peers_mu_;
   std::map<std::string, std::shared_ptr<grpc::GenericStub>> peers_ ABSL_GUARDED_BY(peers_mu_);
+};
+
+// One call's bookkeeping (grpc_service.cc, transfers.cc).
+struct BrokerService::Call {
+  grpc::CallbackServerContext* ctx = nullptr;
+  std::string method;
+  std::string session_id;
+  std::string request_id;
+  absl::Time start;
+  std::string tenant = "-";
+  std::string provider;    // CallContext::provider points here
+  bool counted = false;    // in in_flight_
+  LimitSlot slot;          // max_calls_in_flight
+  bool forwarded = false;  // from another replica (never forwarded again)
 };
 
 // Metadata of a call one replica forwards to another: the cluster token
