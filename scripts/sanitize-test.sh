@@ -61,7 +61,10 @@ else
   # ConcurrencyTest.ASlowStreamReader* moves 64 MiB through gRPC's
   # uninstrumented buffers: every copy out of them is a race report TSan
   # builds and then suppresses (libgrpc), minutes per megabyte.
-  threads='*-ContainmentTest.*:ProviderGarbageTest.*:SandboxctlTest.*:RunProcess.*:CgroupFs*:WorkspaceFsTest.*:ConcurrencyTest.ASlowStreamReader*'
+  # FilesTest.LargeFiles* and TransferLimitTest.* likewise stream tens of
+  # MiB through those buffers (the transfers' threads are the same as the
+  # small uploads' and downloads' left in).
+  threads='*-ContainmentTest.*:ProviderGarbageTest.*:SandboxctlTest.*:RunProcess.*:CgroupFs*:WorkspaceFsTest.*:ConcurrencyTest.ASlowStreamReader*:FilesTest.LargeFiles*:TransferLimitTest.*'
   filter="${TSAN_FILTER:-threads}"
   case "$filter" in
     core) filter="$core" ;;

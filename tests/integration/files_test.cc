@@ -144,7 +144,7 @@ std::string Pattern(size_t n) {
 
 TEST_F(FilesTest, LargeFilesStreamInAndOutWhole) {
   auto sb = Client("stream");
-  const std::string data = Pattern((48 << 20) + 12345);
+  const std::string data = Pattern((16 << 20) + 12345);
   std::istringstream in(data);
   RemoteSandbox::TransferOptions up;
   up.mode = 0700;
