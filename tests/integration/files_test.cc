@@ -253,7 +253,7 @@ TEST_F(FilesTest, AnUploadWithoutItsCommitKeepsNothing) {
   header.mutable_header()->set_session_id("nocommit");
   header.mutable_header()->set_path("keep/partial.bin");
   pb::UploadFileRequest chunk;
-  chunk.set_chunk(Pattern(512 << 10));
+  chunk.set_chunk(Pattern(64 << 10));
   {
     // The stream ends (half-closed) with no commit message.
     grpc::ClientContext ctx;
@@ -278,7 +278,7 @@ TEST_F(FilesTest, AnUploadWithoutItsCommitKeepsNothing) {
     for (int i = 0; i < 2000 && !written; ++i) {
       auto entries = sb->ListFiles("keep");
       written = entries.ok() && entries->has_value() && (*entries)->size() == 1 &&
-                (*entries)->front().size() == (512 << 10);
+                (*entries)->front().size() == (64 << 10);
       if (!written) usleep(5000);
     }
     EXPECT_TRUE(written);
@@ -300,7 +300,7 @@ TEST_F(FilesTest, AnUploadWithoutItsCommitKeepsNothing) {
   ASSERT_TRUE(writer->Write(commit));
   writer->WritesDone();
   ASSERT_TRUE(writer->Finish().ok());
-  EXPECT_EQ(resp.bytes_written(), 512 << 10);
+  EXPECT_EQ(resp.bytes_written(), 64 << 10);
   EXPECT_EQ(Paths(*sb, "keep"), (std::vector<std::string>{"/workspace/keep/partial.bin"}));
 }
 
