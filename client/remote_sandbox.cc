@@ -301,6 +301,68 @@ absl::Status RemoteSandbox::MoveFile(const std::string& source, const std::strin
   return FromGrpcStatus(stub_->MoveFile(&ctx, req, &resp));
 }
 
+absl::StatusOr<pb::Context> RemoteSandbox::CreateContext(pb::Language language,
+                                                         const std::string& cwd) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, kCallTimeout);
+  auto req = FileRequest<pb::CreateContextRequest>();
+  req.set_language(language);
+  req.set_cwd(cwd);
+  pb::Context resp;
+  grpc::Status s = stub_->CreateContext(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp;
+}
+
+absl::StatusOr<std::vector<pb::Context>> RemoteSandbox::ListContexts() {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, kCallTimeout);
+  auto req = FileRequest<pb::ListContextsRequest>();
+  pb::ListContextsResponse resp;
+  grpc::Status s = stub_->ListContexts(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return std::vector<pb::Context>(resp.contexts().begin(), resp.contexts().end());
+}
+
+absl::StatusOr<pb::Context> RemoteSandbox::RestartContext(const std::string& context_id) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, kCallTimeout);
+  auto req = FileRequest<pb::RestartContextRequest>();
+  req.set_context_id(context_id);
+  pb::Context resp;
+  grpc::Status s = stub_->RestartContext(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp;
+}
+
+absl::StatusOr<bool> RemoteSandbox::DeleteContext(const std::string& context_id) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, kCallTimeout);
+  auto req = FileRequest<pb::DeleteContextRequest>();
+  req.set_context_id(context_id);
+  pb::DeleteContextResponse resp;
+  grpc::Status s = stub_->DeleteContext(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp.existed();
+}
+
+absl::StatusOr<pb::Execution> RemoteSandbox::RunCode(const std::string& code,
+                                                     const std::string& context_id,
+                                                     int timeout_seconds) {
+  grpc::ClientContext ctx;
+  // The execution's own timeout, then the interrupt's grace and a kernel's
+  // start.
+  Prepare(&ctx, kCallTimeout + absl::Seconds(timeout_seconds));
+  auto req = FileRequest<pb::RunCodeRequest>();
+  req.set_code(code);
+  req.set_context_id(context_id);
+  req.set_timeout_seconds(timeout_seconds);
+  pb::Execution resp;
+  grpc::Status s = stub_->RunCode(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp;
+}
+
 absl::StatusOr<int64_t> RemoteSandbox::UploadFile(const std::string& path, std::istream& in,
                                                   const TransferOptions& options) {
   grpc::ClientContext ctx;

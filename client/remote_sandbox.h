@@ -115,6 +115,18 @@ class RemoteSandbox {
   absl::Status MoveFile(const std::string& source, const std::string& destination,
                         bool overwrite = false);
 
+  // Code contexts (docs/api.md#code-contexts): live interpreters whose
+  // variables persist between RunCode calls.
+  absl::StatusOr<pb::Context> CreateContext(pb::Language language = pb::LANGUAGE_PYTHON,
+                                            const std::string& cwd = "");
+  absl::StatusOr<std::vector<pb::Context>> ListContexts();
+  absl::StatusOr<pb::Context> RestartContext(const std::string& context_id);
+  // Returns whether the context existed.
+  absl::StatusOr<bool> DeleteContext(const std::string& context_id);
+  // In `context_id` ("" = the session's default python context).
+  absl::StatusOr<pb::Execution> RunCode(const std::string& code, const std::string& context_id = "",
+                                        int timeout_seconds = 0);
+
   // Streamed transfers (docs/api.md#streamed-transfers): a chunk at a time,
   // whatever the size (RemoteTransferOptions).
   using TransferOptions = RemoteTransferOptions;

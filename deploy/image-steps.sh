@@ -17,7 +17,8 @@ RUNTIME_PACKAGES=(ca-certificates bubblewrap python3 nodejs procps
   libgrpc++1.51 libprotobuf32 libabsl20220623 libcurl4
   libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libseccomp2
   libsqlite3-0 libevent-core-2.1-7 libevent-extra-2.1-7 libevent-openssl-2.1-7
-  libevent-pthreads-2.1-7)
+  libevent-pthreads-2.1-7
+  python3-ipykernel python3-jupyter-client)  # code contexts (IPython kernels)
 USER_ID=10001  # and its group's gid: one uid:gid everywhere (10001:10001)
 
 apt_install() {

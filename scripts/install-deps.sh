@@ -16,6 +16,8 @@ DAEMON_PACKAGES=(
   libabsl-dev nlohmann-json3-dev libcurl4-openssl-dev prometheus-cpp-dev
   libseccomp-dev libsqlite3-dev libevent-dev libssl-dev
   bubblewrap python3 e2fsprogs mount procps
+  # Code contexts (docs/api.md#code-contexts): IPython kernels in the sandbox.
+  python3-ipykernel python3-jupyter-client
 )
 # The tests, the judges and CI's jobs.
 TEST_PACKAGES=(
@@ -24,6 +26,7 @@ TEST_PACKAGES=(
   # Hardening: libFuzzer targets (scripts/fuzz.sh) build with clang.
   clang-14 libfuzzer-14-dev
   etcd-server etcd-client  # the etcd store's tests start a real etcd
+  python3-matplotlib python3-pandas  # code contexts' charts and tables
 )
 daemon_only=false
 [ "${1:-}" = --daemon ] && daemon_only=true

@@ -229,6 +229,59 @@ class FileDownload {
   virtual absl::Status Read(size_t max, std::string* out) = 0;
 };
 
+// Code contexts (docs/api.md#code-contexts): live interpreters in a sandbox.
+struct CodeContext {
+  std::string id;
+  Language language = Language::kPython;
+  std::string cwd;
+  absl::Time created_at = absl::UnixEpoch();
+};
+
+// One displayed value: its forms by MIME type (image/png and image/jpeg as
+// bytes, the rest UTF-8 text).
+struct CodeResult {
+  std::map<std::string, std::string> data;
+  bool is_main_result = false;
+};
+
+struct CodeError {
+  std::string name, value;
+  std::vector<std::string> traceback;
+};
+
+struct Execution {
+  std::vector<CodeResult> results;
+  std::string stdout_text, stderr_text;
+  std::optional<CodeError> error;
+  int execution_count = 0;
+  bool timed_out = false;
+  int64_t duration_ms = 0;
+  bool context_died = false;
+  bool oom_killed = false;
+  bool context_restarted = false;
+  CodeContext context;
+};
+
+struct CodeOp {
+  enum class Kind { kCreate, kList, kRestart, kDelete, kRun };
+  Kind kind = Kind::kRun;
+  // kRestart, kDelete, kRun ("" = the default context for `language`).
+  std::string context_id;
+  Language language = Language::kPython;
+  std::string cwd;  // kCreate
+  std::map<std::string, std::string> env;  // kCreate: the context's; kRun: set before the code
+  std::string code;  // kRun
+  absl::Duration timeout = absl::Seconds(60);
+  size_t max_output_bytes = 0;  // kRun: stdout + stderr kept (0 = no limit)
+  int max_contexts = 8;  // kCreate and a default context's creation
+};
+
+struct CodeOpResult {
+  std::vector<CodeContext> contexts;  // kCreate, kRestart: one; kList: all
+  bool existed = false;  // kDelete
+  Execution execution;  // kRun
+};
+
 // One provider sandbox. Owned by exactly one session.
 //
 // Thread-safe: Exec, WriteFile and ReadFile may run concurrently. After
@@ -306,6 +359,17 @@ class Sandbox {
                                                                       int64_t length) {
     return absl::UnimplementedError("this provider has no streamed downloads");
   }
+
+  // Code contexts (CodeOp). Errors: NOT_FOUND (an unknown context),
+  // RESOURCE_EXHAUSTED (max_contexts), FAILED_PRECONDITION (what the
+  // provider cannot run, e.g. no IPython on the host), UNAVAILABLE.
+  // Default: UNIMPLEMENTED.
+  virtual absl::StatusOr<CodeOpResult> Code(const CodeOp& op) {
+    return absl::UnimplementedError("this provider has no code contexts");
+  }
+  // Code under ExecAsync's contract (default: Code on WorkPool::Shared()).
+  using CodeDone = std::function<void(absl::StatusOr<CodeOpResult>)>;
+  virtual void CodeAsync(CodeOp op, CodeDone done);
 
   // The limits applied to this sandbox, and what it uses now; nullopt when
   // the provider does not know.

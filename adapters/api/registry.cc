@@ -38,6 +38,11 @@ void Sandbox::FilesAsync(FileOp op, FilesDone done) {
       [this, op = std::move(op), done = std::move(done)]() { done(Files(op)); });
 }
 
+void Sandbox::CodeAsync(CodeOp op, CodeDone done) {
+  WorkPool::Shared()->Submit(
+      [this, op = std::move(op), done = std::move(done)]() { done(Code(op)); });
+}
+
 void Sandbox::KeepAliveAsync(StatusDone done) {
   WorkPool::Shared()->Submit([this, done = std::move(done)]() { done(KeepAlive()); });
 }

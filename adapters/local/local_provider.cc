@@ -36,6 +36,7 @@
 #include "absl/synchronization/mutex.h"
 #include "adapters/api/output.h"
 #include "adapters/local/cgroup.h"
+#include "adapters/local/contexts.h"
 #include "adapters/local/disk_image.h"
 #include "adapters/local/init_binary.h"
 #include "adapters/local/seccomp_filter.h"
@@ -129,7 +130,7 @@ const char* const kEtcAllowList[] = {
     "timezone",       "ssl",          "ca-certificates", "mime.types",   "hosts",
     "host.conf",      "bash.bashrc",  "profile",         "inputrc",      "terminfo",
     "magic",          "locale.alias", "locale.gen",      "python3",      "python3.11",
-    "debian_version", "os-release",   "protocols",       "services"};
+    "debian_version", "os-release",   "protocols",       "services",     "matplotlibrc"};
 
 const char* const kTopLevelDirs[] = {"bin", "sbin", "lib", "lib32", "lib64", "libx32"};
 
@@ -307,6 +308,10 @@ constexpr int kQuietRuns = 4;
 // The largest shell script passed as `bash -c` (one argument may be 128 KiB).
 constexpr size_t kMaxShellArg = 64 << 10;
 
+// The most a context supervisor's answer may hold (an execution's output
+// and its images).
+constexpr size_t kMaxContextAnswer = 64 << 20;
+
 // One thread that readies sandboxes' spares (see sandbox_init.cc): their
 // cgroup moves serialize in the kernel anyway.
 WorkPool* SparePool() {
@@ -445,6 +450,11 @@ class LocalSandbox final : public Sandbox {
   // The run waits on the shared event loop: its pipes, init's reply on the
   // run socket and its deadline are watches and timers, no thread.
   void ExecAsync(ExecRequest request, ExecDone done) override;
+
+  // Code contexts: each call is one request to the session's context
+  // supervisor (contexts.h), started on first use. Blocking (CodeAsync runs
+  // it on the shared pool).
+  absl::StatusOr<CodeOpResult> Code(const CodeOp& op) override;
 
   // Sends the run to init; on success the run counts in running_ until
   // EndRun.
@@ -1286,6 +1296,49 @@ struct LocalAsyncRun : std::enable_shared_from_this<LocalAsyncRun> {
   int status = 0;
   EventLoop::TimerId deadline = 0, kill_deadline = 0, cancel_poll = 0;
 };
+
+// Debian's python3 packages (python3-ipykernel) serve this interpreter; a
+// python3 earlier on PATH may be another one.
+constexpr char kContextPython[] = "/usr/bin/python3";
+
+absl::StatusOr<CodeOpResult> LocalSandbox::Code(const CodeOp& op) {
+  RETURN_IF_ERROR(CheckOpen());
+  const bool none = provider_->config().isolation == Isolation::kNone;
+  // The supervisor's directory: in the container's /tmp, or beside the
+  // workspace without a container.
+  int parent = none ? open(p_.dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC) : p_.tmp_fd;
+  if (parent < 0) return absl::FailedPreconditionError("local: the sandbox has no /tmp");
+  absl::Cleanup close_parent = [parent, none] {
+    if (none) close(parent);
+  };
+  const std::string dir = absl::StrCat(none ? p_.dir : "/tmp", "/", kContextDirName);
+  const uid_t owner = p_.uid >= 0 ? static_cast<uid_t>(p_.uid) : geteuid();
+  absl::StatusOr<int> fd = ConnectContextSupervisor(parent, kContextDirName, owner);
+  if (absl::IsNotFound(fd.status())) {
+    // First use (or the supervisor died): start it. Two calls racing here
+    // both start one; the second finds the first's lock and waits for it.
+    ExecRequest start;
+    start.argv = {kContextPython, "-c", kContextDriverSource, "serve", dir,
+                  absl::StrCat(op.max_contexts)};
+    start.timeout = absl::Seconds(60);
+    ASSIGN_OR_RETURN(ExecResult r, Exec(start));
+    if (r.exit_code != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "local: code contexts cannot start here: ", absl::StripAsciiWhitespace(r.output)));
+    }
+    fd = ConnectContextSupervisor(parent, kContextDirName, owner);
+  }
+  if (!fd.ok()) return fd.status();
+  const int64_t oom_before = cg_ ? cg_->OomKills(p_.id, "") : 0;
+  ASSIGN_OR_RETURN(std::string answer,
+                   ExchangeWithSupervisor(*fd, ContextRequest(op),
+                                          absl::Now() + ContextCallBudget(op), kMaxContextAnswer));
+  ASSIGN_OR_RETURN(CodeOpResult out, ParseContextAnswer(op, answer));
+  if (out.execution.context_died && cg_ && cg_->OomKills(p_.id, "") > oom_before) {
+    out.execution.oom_killed = true;
+  }
+  return out;
+}
 
 void LocalSandbox::ExecAsync(ExecRequest request, ExecDone done) {
   absl::StatusOr<RunStart> st = BeginRun(request);

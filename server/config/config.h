@@ -34,6 +34,9 @@ struct BrokerConfig {
   // The largest streamed upload (UploadFile); 0 = no limit of the broker's
   // own (the workspace's quota still applies).
   int64_t max_transfer_bytes = 0;
+  // Code contexts a session may hold at once (CreateContext, and each
+  // language's default context); more is RESOURCE_EXHAUSTED naming the key.
+  int64_t max_contexts_per_session = 8;
   // How long CloseSession waits for in-flight calls before destroying.
   int64_t close_wait_seconds = 10;
   // Threads for the calls that must block (file transfers, creates and

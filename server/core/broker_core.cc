@@ -314,13 +314,9 @@ struct BrokerCore::ExecPlan {
   absl::Time start;
 };
 
-absl::StatusOr<std::unique_ptr<BrokerCore::ExecPlan>> BrokerCore::AdmitRun(
-    const CallContext& ctx, const std::string& session_id, const pb::SessionSpec& spec,
-    Language language, bool language_given, const std::string& code, int32_t timeout_seconds,
-    const google::protobuf::Map<std::string, std::string>& env) {
-  ASSIGN_OR_RETURN(Admission adm, Admit(ctx));
-  RETURN_IF_ERROR(ValidateSessionId(session_id));
-  if (code.empty()) return absl::InvalidArgumentError("code/command is empty");
+absl::StatusOr<BrokerCore::RunLimits> BrokerCore::RunLimitsFor(const CallContext& ctx,
+                                                                const Admission& adm,
+                                                                int32_t timeout_seconds) {
   if (timeout_seconds < 0) {
     return absl::InvalidArgumentError("timeout_seconds must be >= 0 (0 = default)");
   }
@@ -329,17 +325,35 @@ absl::StatusOr<std::unique_ptr<BrokerCore::ExecPlan>> BrokerCore::AdmitRun(
                                                    " exceeds max_timeout_seconds (",
                                                    config_.max_timeout_seconds, ")"));
   }
-  auto plan = std::make_unique<ExecPlan>();
-  plan->timeout = timeout_seconds == 0 ? config_.default_timeout_seconds : timeout_seconds;
-  plan->max_output = config_.max_output_bytes;
+  RunLimits l;
+  l.timeout_seconds = timeout_seconds == 0 ? config_.default_timeout_seconds : timeout_seconds;
+  l.max_output_bytes = config_.max_output_bytes;
   if (adm.rules != nullptr) {
     if (absl::Status s = PolicyEngine::CheckTimeout(*adm.rules, ctx.tenant, timeout_seconds);
         !s.ok()) {
       return Refused(ctx, s, "max_timeout_seconds");
     }
-    plan->timeout = std::min(plan->timeout, adm.rules->max_timeout_seconds);
-    plan->max_output = std::min(plan->max_output, adm.rules->max_output_bytes);
+    l.timeout_seconds = std::min(l.timeout_seconds, adm.rules->max_timeout_seconds);
+    l.max_output_bytes = std::min(l.max_output_bytes, adm.rules->max_output_bytes);
   }
+  return l;
+}
+
+absl::Status BrokerCore::CheckEnv(const google::protobuf::Map<std::string, std::string>& env) {
+  return ValidateEnv(env, "env");
+}
+
+absl::StatusOr<std::unique_ptr<BrokerCore::ExecPlan>> BrokerCore::AdmitRun(
+    const CallContext& ctx, const std::string& session_id, const pb::SessionSpec& spec,
+    Language language, bool language_given, const std::string& code, int32_t timeout_seconds,
+    const google::protobuf::Map<std::string, std::string>& env) {
+  ASSIGN_OR_RETURN(Admission adm, Admit(ctx));
+  RETURN_IF_ERROR(ValidateSessionId(session_id));
+  if (code.empty()) return absl::InvalidArgumentError("code/command is empty");
+  ASSIGN_OR_RETURN(RunLimits limits, RunLimitsFor(ctx, adm, timeout_seconds));
+  auto plan = std::make_unique<ExecPlan>();
+  plan->timeout = limits.timeout_seconds;
+  plan->max_output = limits.max_output_bytes;
   RETURN_IF_ERROR(ValidateEnv(env, "env"));
   ASSIGN_OR_RETURN(plan->create, CreateOptionsFor(ctx, adm, spec));
   // Admitted before anything is created; held until the run ends.

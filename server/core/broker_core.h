@@ -147,6 +147,17 @@ class BrokerCore {
                        Done<pb::RemoveFileResponse> done);
   void MoveFileAsync(const CallContext& ctx, const pb::MoveFileRequest& req,
                      Done<pb::MoveFileResponse> done);
+  // Code contexts (docs/api.md#code-contexts; server/core/contexts.cc).
+  void CreateContextAsync(const CallContext& ctx, const pb::CreateContextRequest& req,
+                          Done<pb::Context> done);
+  void ListContextsAsync(const CallContext& ctx, const pb::ListContextsRequest& req,
+                         Done<pb::ListContextsResponse> done);
+  void RestartContextAsync(const CallContext& ctx, const pb::RestartContextRequest& req,
+                           Done<pb::Context> done);
+  void DeleteContextAsync(const CallContext& ctx, const pb::DeleteContextRequest& req,
+                          Done<pb::DeleteContextResponse> done);
+  void RunCodeAsync(const CallContext& ctx, const pb::RunCodeRequest& req,
+                    Done<pb::Execution> done);
   absl::StatusOr<pb::ListToolsResponse> ListTools(const CallContext& ctx,
                                                   const pb::ListToolsRequest& req);
   absl::StatusOr<pb::CallToolResponse> CallTool(const CallContext& ctx,
@@ -249,6 +260,15 @@ class BrokerCore {
                                      const google::protobuf::Message& req,
                                      const std::function<absl::StatusOr<pb::RunResult>()>& fn);
   struct ExecPlan;
+  // A run's timeout (0 = the default) and output cap under the broker's and
+  // the tenant's limits; INVALID_ARGUMENT or the refusing rule.
+  struct RunLimits {
+    int64_t timeout_seconds = 0;
+    int64_t max_output_bytes = 0;
+  };
+  absl::StatusOr<RunLimits> RunLimitsFor(const CallContext& ctx, const Admission& adm,
+                                         int32_t timeout_seconds);
+  static absl::Status CheckEnv(const google::protobuf::Map<std::string, std::string>& env);
   // A run's checks and policy admission (no provider call, no wait).
   absl::StatusOr<std::unique_ptr<ExecPlan>> AdmitRun(
       const CallContext& ctx, const std::string& session_id, const pb::SessionSpec& spec,
@@ -284,11 +304,21 @@ class BrokerCore {
   void FileCallFailed(const CallContext& ctx, const std::string& session_id,
                       std::shared_ptr<Lease> lease, absl::Status status,
                       std::function<void(absl::Status)> done);
-  // The file API's one path (files.cc): FileLeaseAsync, then the provider's
-  // FilesAsync.
+  // The one path of the file API and the code contexts: FileLeaseAsync,
+  // then `call` on the lease's sandbox (a provider's FilesAsync or
+  // CodeAsync), then FileCallFailed or the answer with the lease released.
+  template <typename R>
+  using SandboxCall = std::function<void(Sandbox*, std::function<void(absl::StatusOr<R>)>)>;
+  template <typename R>
+  void LeasedCallAsync(const CallContext& ctx, const std::string& session_id,
+                       const pb::SessionSpec& spec, const std::function<absl::Status()>& check,
+                       SandboxCall<R> call, Done<R> done);
   void FilesAsync(const CallContext& ctx, const std::string& session_id,
                   const pb::SessionSpec& spec, FileOp op,
                   const std::function<absl::Status()>& check, Done<FileOpResult> done);
+  void ContextsAsync(const CallContext& ctx, const std::string& session_id,
+                     const pb::SessionSpec& spec, CodeOp op,
+                     const std::function<absl::Status()>& check, Done<CodeOpResult> done);
   // A provider call's failure under a held lease: DropIfGone, on the
   // blocking pool when it closes the session (never on a provider thread).
   void FailAsync(const CallContext& ctx, const std::string& session_id,

@@ -1,7 +1,7 @@
 // The file API (docs/api.md#files): ListFiles, StatFile, MakeDir,
 // RemoveFile, MoveFile. Each turns its request into one FileOp and takes the
-// one path, FilesAsync: admission, the request's own checks, the session's
-// lease (its sandbox created lazily, as for WriteFile), the provider's
+// one path, FilesAsync (LeasedCallAsync, which code contexts share): admission, the request's own
+// checks, the session's lease (its sandbox created lazily, as for WriteFile), the provider's
 // FilesAsync, the answer. ListFiles pages here, over the provider's sorted
 // listing, so every provider pages alike.
 
@@ -86,25 +86,50 @@ void BrokerCore::FileCallFailed(const CallContext& ctx, const std::string& sessi
   done(absl::UnimplementedError(absl::StrCat("provider ", provider, ": ", status.message())));
 }
 
-void BrokerCore::FilesAsync(const CallContext& ctx, const std::string& session_id,
-                            const pb::SessionSpec& spec, FileOp op,
-                            const std::function<absl::Status()>& check, Done<FileOpResult> done) {
+template <typename R>
+void BrokerCore::LeasedCallAsync(const CallContext& ctx, const std::string& session_id,
+                                 const pb::SessionSpec& spec,
+                                 const std::function<absl::Status()>& check, SandboxCall<R> call,
+                                 Done<R> done) {
   FileLeaseAsync(ctx, session_id, spec, check,
-                 [this, ctx, session_id, op = std::move(op),
+                 [this, ctx, session_id, call = std::move(call),
                   done = std::move(done)](absl::StatusOr<std::shared_ptr<Lease>> lease) mutable {
                    if (!lease.ok()) return done(lease.status());
                    std::shared_ptr<Lease> held = std::move(*lease);
-                   held->sandbox()->FilesAsync(
-                       std::move(op), WithRequestId([this, ctx, session_id, held,
-                                                     done](absl::StatusOr<FileOpResult> r) {
-                         if (r.ok()) {
-                           held->Release();
-                           return done(std::move(r));
-                         }
-                         FileCallFailed(ctx, session_id, held, r.status(),
-                                        [done](absl::Status e) { done(e); });
-                       }));
+                   call(held->sandbox(),
+                        WithRequestId([this, ctx, session_id, held, done](absl::StatusOr<R> r) {
+                          if (r.ok()) {
+                            held->Release();
+                            return done(std::move(r));
+                          }
+                          FileCallFailed(ctx, session_id, held, r.status(),
+                                         [done](absl::Status e) { done(e); });
+                        }));
                  });
+}
+
+void BrokerCore::FilesAsync(const CallContext& ctx, const std::string& session_id,
+                            const pb::SessionSpec& spec, FileOp op,
+                            const std::function<absl::Status()>& check, Done<FileOpResult> done) {
+  LeasedCallAsync<FileOpResult>(
+      ctx, session_id, spec, check,
+      [op = std::move(op)](Sandbox* sandbox, Sandbox::FilesDone then) {
+        sandbox->FilesAsync(op, std::move(then));
+      },
+      std::move(done));
+}
+
+void BrokerCore::ContextsAsync(const CallContext& ctx, const std::string& session_id,
+                               const pb::SessionSpec& spec, CodeOp op,
+                               const std::function<absl::Status()>& check,
+                               Done<CodeOpResult> done) {
+  op.max_contexts = static_cast<int>(config_.max_contexts_per_session);
+  LeasedCallAsync<CodeOpResult>(
+      ctx, session_id, spec, check,
+      [op = std::move(op)](Sandbox* sandbox, Sandbox::CodeDone then) {
+        sandbox->CodeAsync(op, std::move(then));
+      },
+      std::move(done));
 }
 
 void BrokerCore::ListFilesAsync(const CallContext& ctx, const pb::ListFilesRequest& req,

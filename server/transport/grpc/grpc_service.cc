@@ -147,6 +147,27 @@ BrokerService::BrokerService(BrokerCore* core, const Authenticator* auth, Clock*
               [this](grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
                 return DownloadFile(ctx, request);
               }));
+  // Code contexts: a RunCode waits on the blocking pool for its execution.
+  RegisterUnary<pb::CreateContextRequest, pb::Context>(
+      19, "CreateContext", [core](const CallContext& cc, auto req, auto done) {
+        core->CreateContextAsync(cc, *req, [req, done](auto r) { done(std::move(r)); });
+      });
+  RegisterUnary<pb::ListContextsRequest, pb::ListContextsResponse>(
+      20, "ListContexts", [core](const CallContext& cc, auto req, auto done) {
+        core->ListContextsAsync(cc, *req, [req, done](auto r) { done(std::move(r)); });
+      });
+  RegisterUnary<pb::RestartContextRequest, pb::Context>(
+      21, "RestartContext", [core](const CallContext& cc, auto req, auto done) {
+        core->RestartContextAsync(cc, *req, [req, done](auto r) { done(std::move(r)); });
+      });
+  RegisterUnary<pb::DeleteContextRequest, pb::DeleteContextResponse>(
+      22, "DeleteContext", [core](const CallContext& cc, auto req, auto done) {
+        core->DeleteContextAsync(cc, *req, [req, done](auto r) { done(std::move(r)); });
+      });
+  RegisterUnary<pb::RunCodeRequest, pb::Execution>(
+      23, "RunCode", [core](const CallContext& cc, auto req, auto done) {
+        core->RunCodeAsync(cc, *req, [req, done](auto r) { done(std::move(r)); });
+      });
 }
 
 void BrokerService::StartDraining() {
