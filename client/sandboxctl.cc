@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -43,6 +44,10 @@ constexpr char kUsage[] = R"(usage: sandboxctl [flags] COMMAND [ARGS]
 commands:
   run CODE|-            run code (python by default; see --lang)
   shell COMMAND|-       run a bash command
+  code CODE|-           run python in a live context: variables persist between calls
+                        (--context ID, default the session's own); prints output and
+                        results; --save-images DIR writes charts as PNG/JPEG files
+  contexts              list the session's code contexts
   write PATH DATA|-     write a file (DATA, or stdin with -; binary-safe)
   read PATH             print a file's bytes (exit 66 if missing)
   ls [PATH]             list a directory (default: the workspace; --depth N, --json)
@@ -91,11 +96,14 @@ flags:
   --tls-key FILE
   --admin-token TOKEN   admin token ($SANDBOX_BROKER_ADMIN_TOKEN)
   --json                admin, ls, stat: JSON instead of a table
+  --context ID          code: the context to run in
+  --save-images DIR     code: write image results to DIR (created if missing)
   --depth N             ls: levels to list (1-10, default 1)
   -p, -r, -f            mkdir: parents; rm: recursive; mv: overwrite
   --tenant T, --state S, --label K=V, --close-sessions   admin filters and options
 
-exit codes: run/shell exit with the program's code (124 = timed out);
+exit codes: run/shell exit with the program's code (124 = timed out); code exits 1
+  when the code raised, 124 when it timed out;
   64 usage, 66 file not found, 69 broker error, 74 local I/O error.
 )";
 
@@ -351,6 +359,58 @@ int FilesMain(sandbox::RemoteSandbox& sb, const std::vector<std::string>& args,
   return -1;
 }
 
+struct CodeFlags {
+  std::string context;
+  std::string save_images;
+};
+
+// One result of `code`: its text, or where its image went.
+void PrintResult(const sandbox::pb::Result& r, const CodeFlags& f, int count, int index) {
+  for (const char* mime : {"image/png", "image/jpeg"}) {
+    auto it = r.data().find(mime);
+    if (it == r.data().end()) continue;
+    if (f.save_images.empty()) {
+      std::cout << "[" << mime << ", " << it->second.size() << " bytes]\n";
+      return;
+    }
+    const std::string path = absl::StrCat(f.save_images, "/out-", count, "-", index,
+                                          std::string(mime) == "image/png" ? ".png" : ".jpg");
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << it->second;
+    std::cout << "[" << mime << " saved to " << path << "]\n";
+    return;
+  }
+  auto text = r.data().find("text/plain");
+  if (text != r.data().end()) std::cout << text->second << "\n";
+}
+
+int CodeMain(sandbox::RemoteSandbox& sb, const std::string& code, int timeout, const CodeFlags& f) {
+  if (!f.save_images.empty()) std::filesystem::create_directories(f.save_images);
+  auto x = sb.RunCode(code, f.context, timeout);
+  if (!x.ok()) return RpcError(x.status());
+  std::cout << x->stdout();
+  std::cerr << x->stderr();
+  for (int i = 0; i < x->results_size(); ++i) {
+    PrintResult(x->results(i), f, x->execution_count(), i);
+  }
+  std::cout << std::flush;
+  if (x->context_restarted()) std::cerr << "sandboxctl: the context had died: started afresh\n";
+  if (x->context_died()) {
+    std::cerr << "sandboxctl: the context died" << (x->oom_killed() ? " (memory limit)" : "")
+              << "\n";
+    return 1;
+  }
+  if (x->timed_out()) {
+    std::cerr << "sandboxctl: timed out (interrupted; the context's state is kept)\n";
+    return 124;
+  }
+  if (x->has_error()) {
+    for (const std::string& line : x->error().traceback()) std::cerr << line << "\n";
+    return 1;
+  }
+  return 0;
+}
+
 struct AdminFlags {
   std::string token, tenant, provider, state;
   std::map<std::string, std::string> labels;
@@ -510,6 +570,7 @@ int main(int argc, char** argv) {
   std::string tls_ca, tls_cert, tls_key;
   AdminFlags admin;
   FileFlags files;
+  CodeFlags code_flags;
   admin.token = EnvOr("SANDBOX_BROKER_ADMIN_TOKEN", "");
 
   for (int i = 1; i < argc; ++i) {
@@ -565,6 +626,10 @@ int main(int argc, char** argv) {
       if (!next(&admin.token)) return Usage("--admin-token needs a value");
     } else if (a == "--json") {
       admin.json = files.json = true;
+    } else if (a == "--context") {
+      if (!next(&code_flags.context)) return Usage("--context needs an ID");
+    } else if (a == "--save-images") {
+      if (!next(&code_flags.save_images)) return Usage("--save-images needs a directory");
     } else if (a == "--depth") {
       if (!next(&v) || !absl::SimpleAtoi(v, &files.depth)) return Usage("--depth needs a number");
     } else if (a == "-p" || a == "--parents") {
@@ -684,6 +749,17 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (int rc = FilesMain(*sb, args, files); rc >= 0) return rc;
+  if (cmd == "code") {
+    if (args.size() != 2) return Usage("code takes one argument (or - for stdin)");
+    return CodeMain(*sb, arg(1), timeout, code_flags);
+  }
+  if (cmd == "contexts") {
+    if (args.size() != 1) return Usage("contexts takes no arguments");
+    auto r = sb->ListContexts();
+    if (!r.ok()) return RpcError(r.status());
+    for (const auto& c : *r) std::cout << c.context_id() << "\t" << c.cwd() << "\n";
+    return 0;
+  }
   if (cmd == "close") {
     auto r = sb->Close();
     if (!r.ok()) return RpcError(r.status());

@@ -130,7 +130,8 @@ const char* const kEtcAllowList[] = {
     "timezone",       "ssl",          "ca-certificates", "mime.types",   "hosts",
     "host.conf",      "bash.bashrc",  "profile",         "inputrc",      "terminfo",
     "magic",          "locale.alias", "locale.gen",      "python3",      "python3.11",
-    "debian_version", "os-release",   "protocols",       "services",     "matplotlibrc"};
+    "debian_version", "os-release",   "protocols",       "services",     "matplotlibrc",
+    "fonts"};
 
 const char* const kTopLevelDirs[] = {"bin", "sbin", "lib", "lib32", "lib64", "libx32"};
 
@@ -1318,13 +1319,13 @@ absl::StatusOr<CodeOpResult> LocalSandbox::Code(const CodeOp& op) {
     // First use (or the supervisor died): start it. Two calls racing here
     // both start one; the second finds the first's lock and waits for it.
     ExecRequest start;
-    start.argv = {kContextPython, "-c", kContextDriverSource, "serve", dir,
-                  absl::StrCat(op.max_contexts)};
+    start.argv = {kContextPython, "-c", kContextDriverSource,
+                  "serve",        dir,  absl::StrCat(op.max_contexts)};
     start.timeout = absl::Seconds(60);
     ASSIGN_OR_RETURN(ExecResult r, Exec(start));
     if (r.exit_code != 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "local: code contexts cannot start here: ", absl::StripAsciiWhitespace(r.output)));
+      return absl::FailedPreconditionError(absl::StrCat("local: code contexts cannot start here: ",
+                                                        absl::StripAsciiWhitespace(r.output)));
     }
     fd = ConnectContextSupervisor(parent, kContextDirName, owner);
   }

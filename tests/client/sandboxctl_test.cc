@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "tests/testing/broker_fixture.h"
@@ -50,6 +51,30 @@ TEST_F(SandboxctlTest, RunAndShellExitWithTheProgramsCode) {
   r = Cli("--timeout 1 shell 'sleep 30'");
   EXPECT_EQ(r.exit_code, 124);
   EXPECT_EQ(r.out, "sandboxctl: timed out\n");
+}
+
+TEST_F(SandboxctlTest, CodeKeepsStateAndSavesCharts) {
+  EXPECT_EQ(Cli("code 'x = 1'").exit_code, 0);
+  CliResult r = Cli("code 'x + 1'");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.out, "2\n");
+  const std::string images = dir_.path() + "/images";
+  r = Cli("--save-images " + images + " code -",
+          "import matplotlib.pyplot as plt\nplt.plot([3, 1, 2])\nplt.show()");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out, "[image/png saved to " + images + "/out-3-0.png]\n");
+  std::ifstream png(images + "/out-3-0.png", std::ios::binary);
+  std::string magic(8, '\0');
+  png.read(&magic[0], 8);
+  EXPECT_EQ(magic, std::string("\x89PNG\r\n\x1a\n", 8));
+  r = Cli("code '1/0'");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("ZeroDivisionError: division by zero"), std::string::npos) << r.out;
+  r = Cli("--timeout 1 code 'while True: pass'");
+  EXPECT_EQ(r.exit_code, 124);
+  EXPECT_EQ(Cli("code x").out, "1\n");
+  r = Cli("contexts");
+  EXPECT_EQ(r.out, "default-python\t\n");
 }
 
 TEST_F(SandboxctlTest, FilesRoundTripBinarySafe) {

@@ -71,6 +71,7 @@ TEST_F(ContextsTest, ChartsTablesAndDisplaysAreTypedResults) {
   auto chart = sb->RunCode("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()");
   ASSERT_TRUE(chart.ok()) << chart.status();
   ASSERT_FALSE(chart->has_error()) << chart->error().value();
+  EXPECT_EQ(chart->stderr(), "");  // no font or config noise from the container
   ASSERT_EQ(chart->results_size(), 1);
   auto png = chart->results(0).data().find("image/png");
   ASSERT_NE(png, chart->results(0).data().end());
