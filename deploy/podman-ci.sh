@@ -17,7 +17,7 @@
 #
 # usage: deploy/podman-ci.sh [SANDBOXCTL]   (default: build/sandboxctl)
 # env:   SANDBOX_BROKER_IMAGE_CACHE (default ~/.cache/sandbox-broker)
-#        PODMAN_CI_RUNS (default 3000)
+#        PODMAN_CI_RUNS (default 1000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -31,7 +31,7 @@ fail() {
 SANDBOXCTL=${1:-$ROOT/build/sandboxctl}
 [ -x "$SANDBOXCTL" ] || fail "no sandboxctl at $SANDBOXCTL (build it first)"
 CACHE=${SANDBOX_BROKER_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sandbox-broker}
-RUNS=${PODMAN_CI_RUNS:-3000}
+RUNS=${PODMAN_CI_RUNS:-1000}
 IMAGE=sandbox-broker:0.1.0
 CTR=sbci-broker-$$
 WORK=$(mktemp -d /tmp/sbci-XXXXXX)

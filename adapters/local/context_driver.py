@@ -42,7 +42,9 @@ class Failure(Exception):
 
 
 class Context:
-    """One kernel. Calls on it take its lock: one execution at a time."""
+    """One kernel, driven from one thread of its own (call): one execution
+    at a time, in order, and jupyter_client's event loop made once for that
+    thread rather than once per request."""
 
     def __init__(self, directory, cid, language, cwd, env):
         self.id = cid
@@ -51,9 +53,51 @@ class Context:
         self.env = env
         self.created_at_ms = now_ms()
         self.dir = os.path.join(directory, "k-" + cid)
-        self.lock = threading.Lock()
         self.km = None
         self.kc = None
+        self.jobs = queue.Queue()
+        self.jobs_mu = threading.Lock()
+        self.retired = False
+        threading.Thread(target=self.work, daemon=True).start()
+
+    def work(self):
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            job()
+
+    def call(self, fn):
+        """Runs fn() on the context's thread; returns or raises what it did."""
+        box = {}
+        done = threading.Event()
+
+        def job():
+            try:
+                box["value"] = fn()
+            except BaseException as e:  # handed to the caller
+                box["error"] = e
+            done.set()
+
+        with self.jobs_mu:
+            if self.retired:
+                raise Failure("NOT_FOUND", "context %s was deleted" % self.id)
+            self.jobs.put(job)
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+
+    def retire(self):
+        """Ends the context's thread once the jobs before this are done."""
+        with self.jobs_mu:
+            self.retired = True
+            self.jobs.put(None)
+
+    def close(self):
+        """Stops the kernel, then the context's thread."""
+        self.call(self.stop)
+        self.retire()
 
     def describe(self):
         return {"id": self.id, "language": self.language, "cwd": self.cwd,
@@ -197,13 +241,13 @@ class Supervisor:
                               % self.max)
             ctx = Context(self.dir, cid or uuid.uuid4().hex[:16], language, cwd, env)
             self.contexts[ctx.id] = ctx
-        with ctx.lock:
-            try:
-                ctx.start()
-            except Exception:
-                with self.mu:
-                    self.contexts.pop(ctx.id, None)
-                raise
+        try:
+            ctx.call(ctx.start)
+        except Exception:
+            with self.mu:
+                self.contexts.pop(ctx.id, None)
+            ctx.retire()
+            raise
         return ctx
 
     def handle(self, req, send):
@@ -217,16 +261,18 @@ class Supervisor:
                 return {"contexts": [c.describe() for c in self.contexts.values()]}
         if op == "restart":
             ctx = self.get(req.get("id", ""))
-            with ctx.lock:
+
+            def restart():
                 ctx.stop()
                 ctx.start()
+
+            ctx.call(restart)
             return {"context": ctx.describe()}
         if op == "delete":
             with self.mu:
                 ctx = self.contexts.pop(req.get("id", ""), None)
             if ctx is not None:
-                with ctx.lock:
-                    ctx.stop()
+                ctx.close()
             return {"existed": ctx is not None}
         if op == "run":
             cid = req.get("id", "")
@@ -236,9 +282,8 @@ class Supervisor:
                 ctx = self.create(language, req.get("cwd", ""), {}, cid="default-" + language)
             else:
                 ctx = self.get(cid)
-            with ctx.lock:
-                out = ctx.run(req.get("code", ""), float(req.get("timeout", 60)),
-                              req.get("env", {}), send)
+            out = ctx.call(lambda: ctx.run(req.get("code", ""), float(req.get("timeout", 60)),
+                                           req.get("env", {}), send))
             out["context"] = ctx.describe()
             return out
         raise Failure("INVALID_ARGUMENT", "unknown op %r" % op)

@@ -3,6 +3,7 @@
 // python3-ipykernel) inside the session's container.
 
 #include <algorithm>
+#include <thread>
 
 #include "tests/testing/broker_fixture.h"
 
@@ -64,6 +65,26 @@ TEST_F(ContextsTest, VariablesLiveBetweenRunsAndContextsAreApart) {
   EXPECT_FALSE(*sb->DeleteContext(other->context_id()));
   EXPECT_EQ(sb->RunCode("1", other->context_id()).status().code(), C::kNotFound);
   EXPECT_EQ(sb->RestartContext("nope").status().code(), C::kNotFound);
+}
+
+TEST_F(ContextsTest, ConcurrentFirstCallsShareOneSupervisorAndOneDefaultContext) {
+  auto sb = Client("together");
+  std::vector<std::string> pids(4);
+  std::vector<std::thread> callers;
+  for (size_t i = 0; i < pids.size(); ++i) {
+    callers.emplace_back([&, i] {
+      auto x = Client("together")->RunCode("import os\nos.getpid()");
+      if (x.ok()) pids[i] = MainText(*x);
+    });
+  }
+  for (auto& t : callers) t.join();
+  for (const std::string& pid : pids) {
+    EXPECT_FALSE(pid.empty());
+    EXPECT_EQ(pid, pids[0]);  // one kernel
+  }
+  auto listed = sb->ListContexts();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->size(), 1u);
 }
 
 TEST_F(ContextsTest, ChartsTablesAndDisplaysAreTypedResults) {

@@ -1,0 +1,51 @@
+# The floor for context_bench: the same statement sent straight to an IPython
+# kernel on the host (jupyter_client's blocking client, as the context
+# supervisor drives its kernels), no broker, no sandbox.
+#
+#   /usr/bin/python3 kernel_floor.py N CODE
+#
+# Prints one line: the p50 of N executions in microseconds (after 20 warm-up
+# executions), each timed from execute() to the kernel's idle status.
+
+import statistics
+import sys
+import time
+
+from jupyter_client import KernelManager
+
+
+def run(kc, code):
+    msg_id = kc.execute(code, store_history=True, allow_stdin=False)
+    while True:
+        msg = kc.get_iopub_msg(timeout=30)
+        if msg.get("parent_header", {}).get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
+            break
+    while kc.get_shell_msg(timeout=30).get("parent_header", {}).get("msg_id") != msg_id:
+        pass
+
+
+def main():
+    n, code = int(sys.argv[1]), sys.argv[2]
+    km = KernelManager(transport="ipc", ip="/tmp/kernel-floor-%d" % time.time_ns())
+    km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    kc.wait_for_ready(timeout=60)
+    try:
+        for _ in range(20):
+            run(kc, code)
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            run(kc, code)
+            times.append(time.perf_counter() - t)
+        print(int(statistics.median(times) * 1e6))
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+if __name__ == "__main__":
+    main()
