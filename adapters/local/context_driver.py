@@ -2,8 +2,8 @@
 # sandbox's user (docs/api.md#code-contexts). It keeps the session's code
 # contexts, each a real IPython kernel (Debian's python3-ipykernel, driven by
 # jupyter_client over ipc sockets in its own directory), and answers the
-# broker on a unix socket there: one JSON request per connection, then JSON
-# lines, the last one {"event": "done", ...}.
+# broker on a unix socket there: a JSON request per line, each answered by
+# JSON lines, the last one {"event": "done", ...}, then an empty line.
 #
 #   python3 -c SOURCE serve DIR MAX_CONTEXTS
 #
@@ -289,26 +289,38 @@ class Supervisor:
         raise Failure("INVALID_ARGUMENT", "unknown op %r" % op)
 
     def serve_one(self, conn):
+        """One connection: requests one after another, each answered by its
+        events, the "done" event, then an empty line (the broker keeps
+        connections open between calls)."""
         f = conn.makefile("rwb")
         lock = threading.Lock()
 
-        def send(event):
-            line = (json.dumps(event) + "\n").encode()
+        def send(event, end=False):
+            line = (json.dumps(event) + ("\n\n" if end else "\n")).encode()
             with lock:
                 f.write(line)
                 f.flush()
 
         try:
-            req = json.loads(f.readline() or b"{}")
-            try:
-                answer = self.handle(req, send)
-                answer.update({"event": DONE, "ok": True})
-            except Failure as e:
-                answer = {"event": DONE, "ok": False, "code": e.code, "message": e.message}
-            except Exception as e:  # a kernel manager's own failure
-                answer = {"event": DONE, "ok": False, "code": "INTERNAL",
-                          "message": "%s: %s" % (type(e).__name__, e)}
-            send(answer)
+            while True:
+                line = f.readline()
+                if not line:
+                    break
+                try:
+                    req = json.loads(line)
+                    if not isinstance(req, dict):
+                        raise Failure("INVALID_ARGUMENT", "a request is a JSON object")
+                    answer = self.handle(req, send)
+                    answer.update({"event": DONE, "ok": True})
+                except Failure as e:
+                    answer = {"event": DONE, "ok": False, "code": e.code, "message": e.message}
+                except ValueError as e:  # not JSON, a timeout that is not a number
+                    answer = {"event": DONE, "ok": False, "code": "INVALID_ARGUMENT",
+                              "message": str(e)}
+                except Exception as e:  # a kernel manager's own failure
+                    answer = {"event": DONE, "ok": False, "code": "INTERNAL",
+                              "message": "%s: %s" % (type(e).__name__, e)}
+                send(answer, end=True)
         except (OSError, ValueError):
             pass
         finally:

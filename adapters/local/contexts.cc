@@ -205,46 +205,56 @@ absl::StatusOr<int> ConnectContextSupervisor(int parent_fd, const char* dir_name
 }
 
 absl::StatusOr<std::string> ExchangeWithSupervisor(int fd, const std::string& request,
-                                                   absl::Time deadline, size_t max_bytes) {
+                                                   absl::Time deadline, size_t max_bytes,
+                                                   bool* answered) {
+  *answered = false;
   std::string answer;
   size_t sent = 0;
-  auto gone = [fd](absl::Status s) {
-    close(fd);
-    return s;
+  auto ended = [&answer] {
+    return answer.size() >= 2 && answer.compare(answer.size() - 2, 2, "\n\n") == 0;
   };
-  while (true) {
+  while (!ended()) {
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
-      return gone(absl::DeadlineExceededError("local: the context supervisor did not answer"));
+      return absl::DeadlineExceededError("local: the context supervisor did not answer");
     }
     struct pollfd p = {fd, static_cast<short>(sent < request.size() ? POLLOUT : POLLIN), 0};
-    int pr =
-        poll(&p, 1, static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1000)));
-    if (pr < 0 && errno != EINTR) return gone(absl::InternalError("poll failed"));
+    const int wait_ms =
+        static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1000));
+    const int pr = poll(&p, 1, wait_ms);
+    if (pr < 0 && errno != EINTR) return absl::InternalError("poll failed");
     if (pr <= 0) continue;
     if (sent < request.size()) {
       ssize_t n = send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
       if (n < 0 && errno != EINTR && errno != EAGAIN) {
-        return gone(absl::UnavailableError("local: the context supervisor went away"));
+        return absl::UnavailableError("local: the context supervisor went away");
       }
       if (n > 0) sent += static_cast<size_t>(n);
       continue;
     }
     char buf[64 * 1024];
     ssize_t n = read(fd, buf, sizeof(buf));
-    if (n == 0) break;
+    if (n == 0) return absl::UnavailableError("local: the context supervisor went away");
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
-      return gone(absl::UnavailableError("local: the context supervisor went away"));
+      return absl::UnavailableError("local: the context supervisor went away");
     }
     if (answer.size() + static_cast<size_t>(n) > max_bytes) {
-      return gone(absl::ResourceExhaustedError(absl::StrCat(
-          "local: an execution's answer is over ", max_bytes >> 20, " MiB (its results)")));
+      return absl::ResourceExhaustedError(absl::StrCat("local: an execution's answer is over ",
+                                                       max_bytes >> 20, " MiB (its results)"));
     }
     answer.append(buf, static_cast<size_t>(n));
+    *answered = true;
   }
-  close(fd);
   return answer;
+}
+
+bool SupervisorConnectionOpen(int fd) {
+  char c;
+  const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  // Nothing to read is an idle, open connection; EOF, an error or bytes
+  // nobody asked for are not.
+  return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
 
 absl::Duration ContextCallBudget(const CodeOp& op) {

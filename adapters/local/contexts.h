@@ -39,10 +39,19 @@ absl::StatusOr<CodeOpResult> ParseContextAnswer(const CodeOp& op, absl::string_v
 // when no supervisor listens there yet.
 absl::StatusOr<int> ConnectContextSupervisor(int parent_fd, const char* dir_name, uid_t uid);
 
-// Sends `request` on `fd` and reads the answer until the supervisor closes,
-// at most `max_bytes`, until `deadline`. Closes `fd`.
+// Sends `request` on `fd` and reads its answer, through the empty line that
+// ends it: at most `max_bytes`, until `deadline`. The connection stays open
+// for the next request (the caller closes it after an error).
+// *answered: whether any byte of an answer came (a connection that ends
+// before one may be retried: the supervisor died before it read the
+// request, or while it ran, its contexts lost either way).
 absl::StatusOr<std::string> ExchangeWithSupervisor(int fd, const std::string& request,
-                                                   absl::Time deadline, size_t max_bytes);
+                                                   absl::Time deadline, size_t max_bytes,
+                                                   bool* answered);
+
+// Whether an idle connection is still open (the supervisor may have died or
+// been killed by the sandbox's code since).
+bool SupervisorConnectionOpen(int fd);
 
 // How long a call may wait for the supervisor: the run's timeout plus the
 // interrupt's grace and a kernel's start.

@@ -312,6 +312,8 @@ constexpr size_t kMaxShellArg = 64 << 10;
 // The most a context supervisor's answer may hold (an execution's output
 // and its images).
 constexpr size_t kMaxContextAnswer = 64 << 20;
+// Idle connections to a sandbox's context supervisor kept for the next call.
+constexpr size_t kIdleContextConnections = 4;
 
 // One thread that readies sandboxes' spares (see sandbox_init.cc): their
 // cgroup moves serialize in the kernel anyway.
@@ -456,6 +458,10 @@ class LocalSandbox final : public Sandbox {
   // supervisor (contexts.h), started on first use. Blocking (CodeAsync runs
   // it on the shared pool).
   absl::StatusOr<CodeOpResult> Code(const CodeOp& op) override;
+  // An idle connection to the context supervisor, else a new one (starting
+  // the supervisor first); back to the idle ones after a whole answer.
+  absl::StatusOr<int> ContextConnection(int max_contexts, bool* reused);
+  void KeepContextConnection(int fd);
 
   // Sends the run to init; on success the run counts in running_ until
   // EndRun.
@@ -684,11 +690,14 @@ class LocalSandbox final : public Sandbox {
   // Kills the container and waits for runs to return; false if it was
   // already stopped (destroyed or detached).
   bool Stop() {
+    std::vector<int> conns;
     {
       absl::MutexLock l(&mu_);
       if (destroyed_) return false;
       destroyed_ = true;
+      conns.swap(context_conns_);
     }
+    for (int fd : conns) close(fd);
     // Everything in the container dies; init exits when its socket closes,
     // which takes the pid namespace (and any process left in it) along.
     if (cg_) cg_->Kill(p_.id);
@@ -1072,6 +1081,8 @@ class LocalSandbox final : public Sandbox {
   absl::Mutex ctl_mu_;  // serializes sends on p_.ctl
   absl::Mutex mu_;
   bool destroyed_ ABSL_GUARDED_BY(mu_) = false;
+  // Open connections to the context supervisor, idle (closed by Stop).
+  std::vector<int> context_conns_ ABSL_GUARDED_BY(mu_);
   int running_ ABSL_GUARDED_BY(mu_) = 0;  // inside Exec
   int run_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> idle_run_cgroups_ ABSL_GUARDED_BY(mu_);
@@ -1302,8 +1313,22 @@ struct LocalAsyncRun : std::enable_shared_from_this<LocalAsyncRun> {
 // python3 earlier on PATH may be another one.
 constexpr char kContextPython[] = "/usr/bin/python3";
 
-absl::StatusOr<CodeOpResult> LocalSandbox::Code(const CodeOp& op) {
-  RETURN_IF_ERROR(CheckOpen());
+absl::StatusOr<int> LocalSandbox::ContextConnection(int max_contexts, bool* reused) {
+  *reused = false;
+  while (true) {
+    int idle = -1;
+    {
+      absl::MutexLock l(&mu_);
+      if (context_conns_.empty()) break;
+      idle = context_conns_.back();
+      context_conns_.pop_back();
+    }
+    if (SupervisorConnectionOpen(idle)) {
+      *reused = true;
+      return idle;
+    }
+    close(idle);  // the supervisor died, or the sandbox's code killed it
+  }
   const bool none = provider_->config().isolation == Isolation::kNone;
   // The supervisor's directory: in the container's /tmp, or beside the
   // workspace without a container.
@@ -1312,29 +1337,60 @@ absl::StatusOr<CodeOpResult> LocalSandbox::Code(const CodeOp& op) {
   absl::Cleanup close_parent = [parent, none] {
     if (none) close(parent);
   };
-  const std::string dir = absl::StrCat(none ? p_.dir : "/tmp", "/", kContextDirName);
   const uid_t owner = p_.uid >= 0 ? static_cast<uid_t>(p_.uid) : geteuid();
   absl::StatusOr<int> fd = ConnectContextSupervisor(parent, kContextDirName, owner);
-  if (absl::IsNotFound(fd.status())) {
-    // First use (or the supervisor died): start it. Two calls racing here
-    // both start one; the second finds the first's lock and waits for it.
-    ExecRequest start;
-    start.argv = {kContextPython, "-c", kContextDriverSource,
-                  "serve",        dir,  absl::StrCat(op.max_contexts)};
-    start.timeout = absl::Seconds(60);
-    ASSIGN_OR_RETURN(ExecResult r, Exec(start));
-    if (r.exit_code != 0) {
-      return absl::FailedPreconditionError(absl::StrCat("local: code contexts cannot start here: ",
-                                                        absl::StripAsciiWhitespace(r.output)));
-    }
-    fd = ConnectContextSupervisor(parent, kContextDirName, owner);
+  if (!absl::IsNotFound(fd.status())) return fd;
+  // First use (or the supervisor died): start it. Two calls racing here both
+  // start one; the second finds the first's lock and waits for it to listen.
+  ExecRequest start;
+  start.argv = {kContextPython,
+                "-c",
+                kContextDriverSource,
+                "serve",
+                absl::StrCat(none ? p_.dir : "/tmp", "/", kContextDirName),
+                absl::StrCat(max_contexts)};
+  start.timeout = absl::Seconds(60);
+  ASSIGN_OR_RETURN(ExecResult r, Exec(start));
+  if (r.exit_code != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("local: code contexts cannot start here: ",
+                                                      absl::StripAsciiWhitespace(r.output)));
   }
-  if (!fd.ok()) return fd.status();
+  return ConnectContextSupervisor(parent, kContextDirName, owner);
+}
+
+void LocalSandbox::KeepContextConnection(int fd) {
+  {
+    absl::MutexLock l(&mu_);
+    if (!destroyed_ && context_conns_.size() < kIdleContextConnections) {
+      context_conns_.push_back(fd);
+      return;
+    }
+  }
+  close(fd);
+}
+
+absl::StatusOr<CodeOpResult> LocalSandbox::Code(const CodeOp& op) {
+  RETURN_IF_ERROR(CheckOpen());
   const int64_t oom_before = cg_ ? cg_->OomKills(p_.id, "") : 0;
-  ASSIGN_OR_RETURN(std::string answer,
-                   ExchangeWithSupervisor(*fd, ContextRequest(op),
-                                          absl::Now() + ContextCallBudget(op), kMaxContextAnswer));
-  ASSIGN_OR_RETURN(CodeOpResult out, ParseContextAnswer(op, answer));
+  absl::StatusOr<std::string> answer;
+  // An idle connection whose supervisor died since it was last used (the
+  // sandbox's code may kill it) ends before any answer: the call goes again,
+  // on the next idle connection or a new one (the last try).
+  for (size_t tries = 0; tries <= kIdleContextConnections; ++tries) {
+    bool reused = false;
+    ASSIGN_OR_RETURN(int fd, ContextConnection(op.max_contexts, &reused));
+    bool answered = false;
+    answer = ExchangeWithSupervisor(fd, ContextRequest(op), absl::Now() + ContextCallBudget(op),
+                                    kMaxContextAnswer, &answered);
+    if (answer.ok()) {
+      KeepContextConnection(fd);
+      break;
+    }
+    close(fd);  // mid-answer: never reused
+    if (!reused || answered || !absl::IsUnavailable(answer.status())) break;
+  }
+  if (!answer.ok()) return answer.status();
+  ASSIGN_OR_RETURN(CodeOpResult out, ParseContextAnswer(op, *answer));
   if (out.execution.context_died && cg_ && cg_->OomKills(p_.id, "") > oom_before) {
     out.execution.oom_killed = true;
   }

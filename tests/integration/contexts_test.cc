@@ -168,6 +168,18 @@ TEST_F(ContextsTest, AContextKilledByTheMemoryLimitIsReportedAsSuch) {
   EXPECT_EQ(MainText(*next), "2");
 }
 
+TEST_F(ContextsTest, ASupervisorKilledBySandboxedCodeIsStartedAgain) {
+  auto sb = Client("killed");
+  ASSERT_TRUE(sb->RunCode("x = 1").ok());
+  auto kill = sb->Shell("pkill -9 -f 'serve /tmp/[.]sandbox-contexts'; echo $?");
+  ASSERT_TRUE(kill.ok()) << kill.status();
+  EXPECT_EQ(kill->output(), "0\n");
+  // The broker's idle connection is dead: a new supervisor, a fresh context.
+  auto x = sb->RunCode("'x' in globals()");
+  ASSERT_TRUE(x.ok()) << x.status();
+  EXPECT_EQ(MainText(*x), "False");
+}
+
 TEST_F(ContextsTest, TheLimitNamesItsKeyAndBadRequestsGetTheirCodes) {
   auto sb = Client("limits");
   ASSERT_TRUE(sb->CreateContext().ok());
