@@ -4,13 +4,15 @@
 // IPython kernel on the host (bench/kernel_floor.py: jupyter_client, no
 // broker, no sandbox). The bar: p50 at most 1.5x.
 //
-// Rounds alternate floor and broker so that drift on a shared machine falls
-// on both.
+// Both sides keep one warm kernel for the whole run, and rounds alternate
+// floor and broker so that drift on a shared machine falls on both.
 //
 //   context_bench [--runs N] [--rounds R]   defaults 200 runs, 3 rounds
 //   context_bench --smoke                   20 runs, 1 round (ctest)
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,17 +38,51 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// The floor's p50 in ms, or -1.
-double FloorMs(int runs) {
-  const std::string cmd = absl::StrCat("/usr/bin/python3 ", SANDBOX_BENCH_DIR, "/kernel_floor.py ",
-                                       runs, " '", kCode, "' 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return -1;
-  char buf[64] = {0};
-  const bool got = fgets(buf, sizeof(buf), p) != nullptr;
-  if (pclose(p) != 0 || !got) return -1;
-  return atof(buf) / 1000.0;
-}
+// bench/kernel_floor.py, kept running: one kernel for every round, as the
+// broker's context keeps one.
+class Floor {
+ public:
+  Floor() {
+    int in[2], out[2];
+    // Close-on-exec: no other child of this process (a sandbox) keeps an end.
+    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) return;
+    const std::string script = std::string(SANDBOX_BENCH_DIR) + "/kernel_floor.py";
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(in[0], 0);
+      dup2(out[1], 1);
+      const int devnull = open("/dev/null", O_WRONLY);
+      dup2(devnull, 2);  // the kernel's debugger warnings
+      close(in[1]);      // else the script never sees its stdin end
+      close(out[0]);
+      execl("/usr/bin/python3", "python3", script.c_str(), kCode, nullptr);
+      _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    to_ = fdopen(in[1], "w");
+    from_ = fdopen(out[0], "r");
+  }
+  ~Floor() {
+    if (to_) fclose(to_);  // EOF: the script stops its kernel and exits
+    if (from_) fclose(from_);
+    if (pid_ > 0) waitpid(pid_, nullptr, 0);
+  }
+  // The p50 of `runs` in ms, or -1.
+  double Ms(int runs) {
+    if (!to_ || !from_) return -1;
+    fprintf(to_, "%d\n", runs);
+    fflush(to_);
+    char buf[64];
+    if (!fgets(buf, sizeof(buf), from_)) return -1;
+    return atof(buf) / 1000.0;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* to_ = nullptr;
+  FILE* from_ = nullptr;
+};
 
 // RunCode's p50 in ms through the broker, or -1.
 double BrokerMs(RemoteSandbox& sb, int runs) {
@@ -86,10 +122,11 @@ int Main(int runs, int rounds) {
                                                      grpc::InsecureChannelCredentials())),
       "bench");
   printf("RunCode '%s' in a warm python context, p50 of %d, %d rounds\n", kCode, runs, rounds);
+  Floor kernel;
   std::vector<double> ratios;
   int rc = 0;
   for (int r = 0; r < rounds; ++r) {
-    const double floor = FloorMs(runs);
+    const double floor = kernel.Ms(runs);
     const double broker = BrokerMs(sb, runs);
     if (floor <= 0 || broker <= 0) {
       fprintf(stderr, "context_bench: round %d failed (floor %.3f, broker %.3f)\n", r, floor,

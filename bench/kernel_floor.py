@@ -2,10 +2,12 @@
 # kernel on the host (jupyter_client's blocking client, as the context
 # supervisor drives its kernels), no broker, no sandbox.
 #
-#   /usr/bin/python3 kernel_floor.py N CODE
+#   /usr/bin/python3 kernel_floor.py CODE
 #
-# Prints one line: the p50 of N executions in microseconds (after 20 warm-up
-# executions), each timed from execute() to the kernel's idle status.
+# Starts one kernel and keeps it (as the broker keeps its context's). For
+# each line N read on stdin it runs CODE N times (after 20 warm-up runs the
+# first time) and prints one line: the p50 in microseconds, each run timed
+# from execute() to the kernel's idle status and its reply.
 
 import statistics
 import sys
@@ -27,7 +29,7 @@ def run(kc, code):
 
 
 def main():
-    n, code = int(sys.argv[1]), sys.argv[2]
+    code = sys.argv[1]
     km = KernelManager(transport="ipc", ip="/tmp/kernel-floor-%d" % time.time_ns())
     km.start_kernel()
     kc = km.client()
@@ -36,12 +38,13 @@ def main():
     try:
         for _ in range(20):
             run(kc, code)
-        times = []
-        for _ in range(n):
-            t = time.perf_counter()
-            run(kc, code)
-            times.append(time.perf_counter() - t)
-        print(int(statistics.median(times) * 1e6))
+        for line in sys.stdin:
+            times = []
+            for _ in range(int(line)):
+                t = time.perf_counter()
+                run(kc, code)
+                times.append(time.perf_counter() - t)
+            print(int(statistics.median(times) * 1e6), flush=True)
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
