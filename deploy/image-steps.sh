@@ -11,7 +11,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 BUILD_PACKAGES=(build-essential cmake pkg-config ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev nlohmann-json3-dev libcurl4-openssl-dev prometheus-cpp-dev
-  libseccomp-dev libsqlite3-dev libevent-dev libssl-dev)
+  libseccomp-dev libsqlite3-dev libevent-dev libssl-dev ccache)
 # What sandbox-brokerd and sandboxctl load, and what the local provider runs.
 RUNTIME_PACKAGES=(ca-certificates bubblewrap python3 nodejs procps
   libgrpc++1.51 libprotobuf32 libabsl20220623 libcurl4
@@ -52,10 +52,19 @@ case "${1:-}" in
     build_deps
     src=$(cd "$here/.." && pwd)
     build=${IMAGE_BUILD_DIR:-$src/build-image}
+    # A compiler cache mounted at /ccache (CI's podman build -v, shared with
+    # its quick-start build of the same targets) is used; none otherwise.
+    launcher=()
+    if [ -d /ccache ] && command -v ccache >/dev/null 2>&1; then
+      export CCACHE_DIR=/ccache CCACHE_BASEDIR="$src" CCACHE_COMPILERCHECK=content
+      ccache -z >/dev/null  # this build's hits and misses only
+      launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+    fi
     cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSANDBOX_BROKER_TESTS=OFF \
-      -DCMAKE_INSTALL_PREFIX="$prefix" >/dev/null
+      -DCMAKE_INSTALL_PREFIX="$prefix" "${launcher[@]}" >/dev/null
     cmake --build "$build" -j"${JOBS:-2}" --target sandbox-brokerd sandboxctl sandbox-init
     cmake --install "$build" --strip --component daemon
+    [ ${#launcher[@]} -eq 0 ] || ccache --show-stats 2>/dev/null | grep -E "Hits|Misses" || true
     ;;
   runtime)
     apt_install "${RUNTIME_PACKAGES[@]}"

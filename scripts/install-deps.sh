@@ -27,6 +27,7 @@ TEST_PACKAGES=(
   clang-14 libfuzzer-14-dev
   etcd-server etcd-client  # the etcd store's tests start a real etcd
   python3-matplotlib python3-pandas  # code contexts' charts and tables
+  ccache  # the sanitizer builds, and the image build sharing the quick start's objects
 )
 daemon_only=false
 [ "${1:-}" = --daemon ] && daemon_only=true

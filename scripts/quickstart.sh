@@ -11,8 +11,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
 bash scripts/install-deps.sh --daemon
+# A compiler cache when the machine has one (CI's image build shares it).
+launcher=()
+if command -v ccache >/dev/null 2>&1; then
+  export CCACHE_BASEDIR="$PWD" CCACHE_COMPILERCHECK=content
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+fi
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" \
-  -DSANDBOX_BROKER_TESTS=OFF >/dev/null
+  -DSANDBOX_BROKER_TESTS=OFF "${launcher[@]}" >/dev/null
 cmake --build "$build" -j"${JOBS:-2}" --target sandbox-brokerd sandboxctl sandbox-init
 [ -n "${QUICKSTART_NO_SERVE:-}" ] && exit 0
 exec "./$build/sandbox-brokerd" "$@"
