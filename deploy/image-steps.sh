@@ -57,6 +57,9 @@ case "${1:-}" in
     launcher=()
     if [ -d /ccache ] && command -v ccache >/dev/null 2>&1; then
       export CCACHE_DIR=/ccache CCACHE_BASEDIR="$src" CCACHE_COMPILERCHECK=content
+      # ccache hashes the locale: the same as quickstart.sh's.
+      unset LC_ALL LC_CTYPE LC_MESSAGES
+      export LANG=C.UTF-8
       ccache -z >/dev/null  # this build's hits and misses only
       launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
     fi

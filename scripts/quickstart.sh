@@ -15,6 +15,9 @@ bash scripts/install-deps.sh --daemon
 launcher=()
 if command -v ccache >/dev/null 2>&1; then
   export CCACHE_BASEDIR="$PWD" CCACHE_COMPILERCHECK=content
+  # ccache hashes the locale: the same as the image build's.
+  unset LC_ALL LC_CTYPE LC_MESSAGES
+  export LANG=C.UTF-8
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 fi
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" \
