@@ -142,8 +142,9 @@ class Context:
     def alive(self):
         return self.km is not None and self.km.is_alive()
 
-    def run(self, code, timeout, env, send):
+    def run(self, code, timeout, env, max_output, send):
         """Executes `code`; sends stream and result events as they come."""
+        streamed = {}
         restarted = False
         died_before = self.km is not None and not self.km.is_alive()
         if self.km is None or died_before:
@@ -187,7 +188,15 @@ class Context:
             kind = msg["msg_type"]
             content = msg["content"]
             if kind == "stream":
-                send({"event": content.get("name", "stdout"), "text": content.get("text", "")})
+                # Past the broker's output limit the text is dropped here,
+                # not sent (the broker cuts the rest): a chatty loop cannot
+                # flood the broker.
+                name = content.get("name", "stdout")
+                text = content.get("text", "")
+                room = max_output - streamed.get(name, 0) if max_output > 0 else len(text)
+                if room > 0:
+                    streamed[name] = streamed.get(name, 0) + min(room, len(text))
+                    send({"event": name, "text": text[:room]})
             elif kind in ("execute_result", "display_data"):
                 send({"event": "result", "main": kind == "execute_result",
                       "data": {k: v if isinstance(v, str) else json.dumps(v)
@@ -283,7 +292,8 @@ class Supervisor:
             else:
                 ctx = self.get(cid)
             out = ctx.call(lambda: ctx.run(req.get("code", ""), float(req.get("timeout", 60)),
-                                           req.get("env", {}), send))
+                                           req.get("env", {}), int(req.get("max_output", 0)),
+                                           send))
             out["context"] = ctx.describe()
             return out
         raise Failure("INVALID_ARGUMENT", "unknown op %r" % op)

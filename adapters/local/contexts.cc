@@ -113,6 +113,7 @@ std::string ContextRequest(const CodeOp& op) {
              {"cwd", op.cwd},
              {"code", op.code},
              {"timeout", absl::ToDoubleSeconds(op.timeout)},
+             {"max_output", op.max_output_bytes},
              {"env", op.env}};
       break;
   }

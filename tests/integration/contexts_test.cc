@@ -129,6 +129,15 @@ TEST_F(ContextsTest, AnErrorIsNameValueAndTracebackNamingTheLine) {
   EXPECT_EQ(tb.find("\x1b["), std::string::npos) << "plain text, no colours";
 }
 
+TEST_F(ContextsTest, OutputPastTheLimitIsCutNotAnError) {
+  auto sb = Client("chatty");  // max_output_bytes 4096 (the fixture)
+  auto x = sb->RunCode("for i in range(200000): print('0123456789')\n'done'");
+  ASSERT_TRUE(x.ok()) << x.status();
+  EXPECT_EQ(x->stdout().size(), 4096u);
+  EXPECT_EQ(x->stdout().substr(0, 11), "0123456789\n");
+  EXPECT_EQ(MainText(*x), "'done'");
+}
+
 TEST_F(ContextsTest, ATimeoutInterruptsAndTheStateSurvives) {
   auto sb = Client("interrupt");
   ASSERT_TRUE(sb->RunCode("kept = 'yes'").ok());
