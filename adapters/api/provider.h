@@ -268,18 +268,18 @@ struct CodeOp {
   // kRestart, kDelete, kRun ("" = the default context for `language`).
   std::string context_id;
   Language language = Language::kPython;
-  std::string cwd;  // kCreate
+  std::string cwd;                         // kCreate
   std::map<std::string, std::string> env;  // kCreate: the context's; kRun: set before the code
-  std::string code;  // kRun
+  std::string code;                        // kRun
   absl::Duration timeout = absl::Seconds(60);
   size_t max_output_bytes = 0;  // kRun: stdout + stderr kept (0 = no limit)
-  int max_contexts = 8;  // kCreate and a default context's creation
+  int max_contexts = 8;         // kCreate and a default context's creation
 };
 
 struct CodeOpResult {
   std::vector<CodeContext> contexts;  // kCreate, kRestart: one; kList: all
-  bool existed = false;  // kDelete
-  Execution execution;  // kRun
+  bool existed = false;               // kDelete
+  Execution execution;                // kRun
 };
 
 // One provider sandbox. Owned by exactly one session.

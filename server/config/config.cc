@@ -66,8 +66,7 @@ absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text) {
   c.max_output_bytes = r.Int("max_output_bytes", c.max_output_bytes, 1, int64_t{1} << 30);
   c.max_message_bytes = r.Int("max_message_bytes", c.max_message_bytes, 4096, int64_t{1} << 30);
   c.max_transfer_bytes = r.Int("max_transfer_bytes", c.max_transfer_bytes, 0, int64_t{1} << 50);
-  c.max_contexts_per_session =
-      r.Int("max_contexts_per_session", c.max_contexts_per_session, 1, 64);
+  c.max_contexts_per_session = r.Int("max_contexts_per_session", c.max_contexts_per_session, 1, 64);
   c.close_wait_seconds = r.Int("close_wait_seconds", c.close_wait_seconds, 0, kDay);
   c.max_threads = r.Int("max_threads", c.max_threads, 4, 100000);
   c.reflection = r.Bool("reflection", c.reflection);

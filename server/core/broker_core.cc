@@ -38,18 +38,6 @@ absl::StatusOr<Language> ToLanguage(pb::Language l) {
   }
 }
 
-pb::Language FromLanguage(Language l) {
-  switch (l) {
-    case Language::kPython:
-      return pb::LANGUAGE_PYTHON;
-    case Language::kNode:
-      return pb::LANGUAGE_NODE;
-    case Language::kShell:
-      return pb::LANGUAGE_SHELL;
-  }
-  return pb::LANGUAGE_PYTHON;
-}
-
 template <typename Map>
 absl::Status ValidateEnv(const Map& env, absl::string_view where) {
   for (const auto& [k, v] : env) {
@@ -315,8 +303,8 @@ struct BrokerCore::ExecPlan {
 };
 
 absl::StatusOr<BrokerCore::RunLimits> BrokerCore::RunLimitsFor(const CallContext& ctx,
-                                                                const Admission& adm,
-                                                                int32_t timeout_seconds) {
+                                                               const Admission& adm,
+                                                               int32_t timeout_seconds) {
   if (timeout_seconds < 0) {
     return absl::InvalidArgumentError("timeout_seconds must be >= 0 (0 = default)");
   }
@@ -1270,6 +1258,18 @@ absl::StatusOr<Lease> BrokerCore::RefusedIfMaxSessions(const CallContext& ctx,
     return Refused(ctx, lease.status(), "max_sessions", provider);
   }
   return lease;
+}
+
+pb::Language FromLanguage(Language l) {
+  switch (l) {
+    case Language::kPython:
+      return pb::LANGUAGE_PYTHON;
+    case Language::kNode:
+      return pb::LANGUAGE_NODE;
+    case Language::kShell:
+      return pb::LANGUAGE_SHELL;
+  }
+  return pb::LANGUAGE_PYTHON;
 }
 
 void SetTime(absl::Time t, google::protobuf::Timestamp* ts) {

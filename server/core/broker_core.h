@@ -363,5 +363,7 @@ absl::Status ValidateSessionId(const std::string& id);
 
 // A protobuf Timestamp from an absl::Time (wall clock).
 void SetTime(absl::Time t, google::protobuf::Timestamp* ts);
+// The proto form of a language.
+pb::Language FromLanguage(Language l);
 
 }  // namespace sandbox

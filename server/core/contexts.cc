@@ -10,18 +10,6 @@
 namespace sandbox {
 namespace {
 
-pb::Language ToProto(Language l) {
-  switch (l) {
-    case Language::kPython:
-      return pb::LANGUAGE_PYTHON;
-    case Language::kNode:
-      return pb::LANGUAGE_NODE;
-    case Language::kShell:
-      return pb::LANGUAGE_SHELL;
-  }
-  return pb::LANGUAGE_UNSPECIFIED;
-}
-
 absl::StatusOr<Language> ContextLanguage(pb::Language l) {
   switch (l) {
     case pb::LANGUAGE_UNSPECIFIED:
@@ -38,13 +26,9 @@ absl::StatusOr<Language> ContextLanguage(pb::Language l) {
 
 void ToProto(const CodeContext& c, pb::Context* out) {
   out->set_context_id(c.id);
-  out->set_language(ToProto(c.language));
+  out->set_language(FromLanguage(c.language));
   out->set_cwd(c.cwd);
-  const absl::Duration since = c.created_at - absl::UnixEpoch();
-  const int64_t seconds = absl::ToInt64Seconds(since);
-  out->mutable_created_at()->set_seconds(seconds);
-  out->mutable_created_at()->set_nanos(
-      static_cast<int32_t>(absl::ToInt64Nanoseconds(since - absl::Seconds(seconds))));
+  SetTime(c.created_at, out->mutable_created_at());
 }
 
 pb::Execution ToProto(const Execution& x) {
