@@ -11,11 +11,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 BUILD_PACKAGES=(build-essential cmake pkg-config ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev nlohmann-json3-dev libcurl4-openssl-dev prometheus-cpp-dev
-  libseccomp-dev libsqlite3-dev libevent-dev libssl-dev ccache)
+  libseccomp-dev libsqlite3-dev libevent-dev libssl-dev libnftables-dev ccache)
 # What sandbox-brokerd and sandboxctl load, and what the local provider runs.
 RUNTIME_PACKAGES=(ca-certificates bubblewrap python3 nodejs procps
   libgrpc++1.51 libprotobuf32 libabsl20220623 libcurl4
-  libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libseccomp2
+  libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libseccomp2 libnftables1
   libsqlite3-0 libevent-core-2.1-7 libevent-extra-2.1-7 libevent-openssl-2.1-7
   libevent-pthreads-2.1-7
   python3-ipykernel python3-jupyter-client)  # code contexts (IPython kernels)

@@ -12,7 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target="${1:?usage: fuzz.sh TARGET|all|list SECONDS}"
-targets=(e2b_envelope e2b_json daytona_json multipart config tools workspace_fs base64 mcp_http)
+targets=(e2b_envelope e2b_json daytona_json multipart config tools workspace_fs base64 mcp_http
+  egress_wire)
 if [ "$target" = list ]; then printf '%s\n' "${targets[@]}"; exit 0; fi
 seconds="${2:?usage: fuzz.sh TARGET SECONDS}"
 shift 2

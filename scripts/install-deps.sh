@@ -15,13 +15,14 @@ DAEMON_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev nlohmann-json3-dev libcurl4-openssl-dev prometheus-cpp-dev
   libseccomp-dev libsqlite3-dev libevent-dev libssl-dev
+  libnftables-dev  # network policies: nftables in each sandbox's namespace
   bubblewrap python3 e2fsprogs mount procps
   # Code contexts (docs/api.md#code-contexts): IPython kernels in the sandbox.
   python3-ipykernel python3-jupyter-client
 )
 # The tests, the judges and CI's jobs.
 TEST_PACKAGES=(
-  git openssl libgtest-dev libgmock-dev libcpp-httplib-dev python3-grpcio python3-yaml
+  git openssl curl libgtest-dev libgmock-dev libcpp-httplib-dev python3-grpcio python3-yaml
   podman runc catatonit debootstrap  # deploy/podman-ci.sh: the container image job
   # Hardening: libFuzzer targets (scripts/fuzz.sh) build with clang.
   clang-14 libfuzzer-14-dev

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "adapters/api/network_policy.h"
 
 namespace sandbox {
 
@@ -87,6 +88,35 @@ struct SandboxSpec {
   // least `keep_unclaimed` (E2B timeout, Daytona auto-stop).
   std::string pool;
   absl::Duration keep_unclaimed = absl::ZeroDuration();
+  // What the sandbox may reach (docs/network.md); the default is nothing.
+  // A provider that cannot enforce a non-default policy refuses the create
+  // (FAILED_PRECONDITION naming the rule), never drops it.
+  NetworkPolicy network;
+};
+
+// One egress decision of a sandbox (docs/network.md): metered, and audited
+// when denied. Never carries a secret.
+struct NetworkEvent {
+  std::string tenant;
+  std::string session_id;
+  std::string sandbox_id;
+  enum class Kind { kConnection, kDns, kClosed };
+  Kind kind = Kind::kConnection;
+  bool allowed = false;
+  std::string destination;  // the name, else the address
+  int port = 0;
+  std::string rule;  // NetDecision::rule
+  // kClosed: the bytes an allowed connection moved.
+  int64_t bytes_out = 0;
+  int64_t bytes_in = 0;
+};
+
+// What the broker tells its providers once, before serving.
+struct ProviderHooks {
+  // Its own listeners, which no sandbox may reach.
+  std::vector<int> broker_ports;
+  // Called from the provider's threads; must not block.
+  std::function<void(const NetworkEvent&)> on_network_event;
 };
 
 // Tags (E2B metadata, Daytona labels) that name a sandbox's owner.
@@ -376,6 +406,12 @@ class Sandbox {
   virtual std::optional<SandboxResources> Resources() const { return std::nullopt; }
   virtual std::optional<SandboxUsage> Usage() const { return std::nullopt; }
 
+  // Replaces the rules in force (UpdateSessionNetwork): new connections
+  // follow them within a second; open ones keep going. Default: UNIMPLEMENTED.
+  virtual absl::Status UpdateNetwork(const NetworkPolicy& policy) {
+    return absl::UnimplementedError("this provider cannot change a sandbox's network");
+  }
+
   // Destroys the sandbox: kills what runs in it and frees its resources.
   // Idempotent; a sandbox that is already gone is success.
   virtual absl::Status Destroy() = 0;
@@ -413,6 +449,8 @@ class Provider {
   // Non-empty when the provider runs in a weaker mode the operator chose
   // (e.g. local limits not enforced): why, for health and metrics.
   virtual std::string Degraded() const { return ""; }
+  // Called once, before the broker serves (ProviderHooks).
+  virtual void SetHooks(ProviderHooks hooks) {}
   // Whether the provider can run code now, for the periodic health probe:
   // the local provider runs a probe sandbox, remote ones call their API.
   // The error says why not. Must not create anything that outlives it.

@@ -500,6 +500,7 @@ std::map<std::string, std::string> DaytonaProvider::LabelsOf(const SandboxSpec& 
 }
 
 absl::StatusOr<std::string> DaytonaProvider::CreateBody(const SandboxSpec& spec) const {
+  RETURN_IF_ERROR(RefuseNetworkPolicy("daytona", spec.network));
   daytona::CreateParams p;
   p.snapshot = spec.template_name.empty() ? config_.snapshot : spec.template_name;
   p.target = config_.target;
@@ -726,7 +727,7 @@ bool DaytonaProvider::CanClaim(const SandboxSpec& member, const SandboxSpec& ses
   auto snapshot_of = [this](const SandboxSpec& s) {
     return s.template_name.empty() ? config_.snapshot : s.template_name;
   };
-  return session.pool.empty() && session.resources.empty() &&
+  return session.pool.empty() && session.resources.empty() && session.network.IsDefault() &&
          snapshot_of(member) == snapshot_of(session) &&
          LanguageLabel(member.language) == LanguageLabel(session.language);
 }

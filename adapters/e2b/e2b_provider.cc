@@ -622,6 +622,7 @@ void E2BProvider::ControlRequestAsync(const std::string& method, const std::stri
 
 absl::StatusOr<std::string> E2BProvider::CreateBody(const SandboxSpec& spec,
                                                     int64_t* timeout_out) const {
+  RETURN_IF_ERROR(RefuseNetworkPolicy("e2b", spec.network));
   if (!spec.resources.empty()) {
     return absl::FailedPreconditionError(
         "e2b: spec.resources cannot be set: an E2B sandbox's CPU, memory and disk are decided "
@@ -679,7 +680,7 @@ bool E2BProvider::CanClaim(const SandboxSpec& member, const SandboxSpec& session
   auto template_of = [this](const SandboxSpec& s) {
     return s.template_name.empty() ? config_.template_id : s.template_name;
   };
-  return session.pool.empty() && session.resources.empty() &&
+  return session.pool.empty() && session.resources.empty() && session.network.IsDefault() &&
          template_of(member) == template_of(session);
 }
 

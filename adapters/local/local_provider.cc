@@ -38,6 +38,7 @@
 #include "adapters/local/cgroup.h"
 #include "adapters/local/contexts.h"
 #include "adapters/local/disk_image.h"
+#include "adapters/local/egress.h"
 #include "adapters/local/init_binary.h"
 #include "adapters/local/seccomp_filter.h"
 #include "adapters/local/workspace_fs.h"
@@ -267,10 +268,13 @@ absl::Status WriteAccountFiles(const std::string& dir, const std::string& name, 
   const std::string nsswitch =
       "passwd: files\ngroup: files\nshadow: files\ngshadow: files\nhosts: files dns\n"
       "networks: files\nprotocols: files\nservices: files\nethers: files\nrpc: files\n";
+  // Bound only with network rules: the broker answers DNS there.
+  const std::string resolv = "nameserver 127.0.0.1\noptions timeout:2 attempts:2\n";
   for (const auto& [file, text] :
        {std::pair<const char*, const std::string&>{"passwd", passwd},
         std::pair<const char*, const std::string&>{"group", group},
-        std::pair<const char*, const std::string&>{"nsswitch.conf", nsswitch}}) {
+        std::pair<const char*, const std::string&>{"nsswitch.conf", nsswitch},
+        std::pair<const char*, const std::string&>{"resolv.conf", resolv}}) {
     const std::string path = absl::StrCat(dir, "/", file);
     const std::string tmp = path + ".new";
     unlink(tmp.c_str());
@@ -358,6 +362,8 @@ class LocalSandbox final : public Sandbox {
     // through it, never again through /proc/<init_pid>, a pid the kernel
     // gives to another process once init is gone. -1 with isolation "none".
     int tmp_fd = -1;
+    // The sandbox's egress point, when it has network rules.
+    std::unique_ptr<EgressPoint> egress;
   };
 
   LocalSandbox(const LocalProvider* provider, std::shared_ptr<LocalProvider::UidPool> uids,
@@ -366,7 +372,7 @@ class LocalSandbox final : public Sandbox {
         uids_(std::move(uids)),
         cg_(cgroups),
         p_(std::move(parts)),
-        env_(spec.env),
+        env_(SandboxEnv(spec, p_.egress != nullptr)),
         fs_(p_.workspace, provider->config().mount_point, p_.uid, p_.uid,
             static_cast<size_t>(provider->config().max_transfer_bytes)),
         tmp_fs_(TmpRoot(), "/tmp", p_.uid, p_.uid,
@@ -378,6 +384,27 @@ class LocalSandbox final : public Sandbox {
   }
 
   const std::string& id() const override { return p_.id; }
+
+  // Proxy variables for tools that look for them (the egress is
+  // transparent without them), under the session's own env.
+  static std::map<std::string, std::string> SandboxEnv(const SandboxSpec& spec, bool egress) {
+    std::map<std::string, std::string> env;
+    if (egress) env = Egress::ProxyEnv();
+    for (const auto& [k, v] : spec.env) env[k] = v;
+    return env;
+  }
+
+  absl::Status UpdateNetwork(const NetworkPolicy& policy) override {
+    absl::MutexLock l(&mu_);
+    if (destroyed_) return absl::FailedPreconditionError("local: sandbox destroyed");
+    if (p_.egress == nullptr) {
+      return absl::FailedPreconditionError(
+          "local: this session was started without network rules, so it has no egress point "
+          "to change; start it with SessionSpec.network (or under a tenant network policy)");
+    }
+    p_.egress->SetPolicy(policy);
+    return absl::OkStatus();
+  }
 
   std::optional<SandboxResources> Resources() const override {
     SandboxResources r;
@@ -713,10 +740,12 @@ class LocalSandbox final : public Sandbox {
       ChildReaper::Release(p_.bwrap_pid);
     }
     if (cg_) cg_->Kill(p_.id);
+    std::unique_ptr<EgressPoint> egress;
     {
       absl::MutexLock l(&mu_);
       auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return running_ == 0; };
       mu_.Await(absl::Condition(&idle));
+      egress = std::move(p_.egress);
     }
     return true;
   }
@@ -1618,7 +1647,8 @@ std::vector<std::string> LocalProvider::WrapCommand(const std::string& workspace
 
 std::vector<std::string> LocalProvider::ContainerArgs(const std::string& dir,
                                                       const std::string& workspace,
-                                                      const LocalLimits& limits) const {
+                                                      const LocalLimits& limits,
+                                                      bool egress) const {
   if (config_.isolation == Isolation::kNone) return {config_.init_path};
   std::vector<std::string> a = {
       config_.bwrap_path, "--unshare-user", "--disable-userns", "--unshare-pid",
@@ -1630,6 +1660,12 @@ std::vector<std::string> LocalProvider::ContainerArgs(const std::string& dir,
   a.insert(a.end(),
            {"--ro-bind", dir + "/passwd", "/etc/passwd", "--ro-bind", dir + "/group", "/etc/group",
             "--ro-bind", dir + "/nsswitch.conf", "/etc/nsswitch.conf", "--proc", "/proc"});
+  if (egress) {
+    // The namespace the egress point made (joined before bwrap starts),
+    // and a resolver there: the broker's.
+    a.erase(std::find(a.begin(), a.end(), "--unshare-net"));
+    a.insert(a.end(), {"--ro-bind", dir + "/resolv.conf", "/etc/resolv.conf"});
+  }
   a.insert(a.end(), proc_masks_.begin(), proc_masks_.end());
   a.insert(a.end(), {"--dev", "/dev"});
   // /tmp and /dev/shm: tmpfs whose pages count against the memory limit;
@@ -1869,7 +1905,18 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Start(const std::string&
     RETURN_IF_ERROR(WriteAccountFiles(parts.dir, named ? config_.user_name : "sandbox", in_uid,
                                       in_gid, config_.mount_point));
   }
-  const std::vector<std::string> args = ContainerArgs(parts.dir, parts.workspace, limits);
+  if (!spec.network.IsDefault()) {
+    if (egress_ == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "local: spec.network cannot be enforced on this host (", no_egress_,
+          "); sessions here have no network at all"));
+    }
+    ASSIGN_OR_RETURN(parts.egress,
+                     egress_->Open({spec.tenant, spec.session_id, id}, spec.network));
+  }
+  const int netns_fd = parts.egress != nullptr ? parts.egress->netns_fd() : -1;
+  const std::vector<std::string> args =
+      ContainerArgs(parts.dir, parts.workspace, limits, netns_fd >= 0);
   std::vector<char*> argv;
   for (const auto& s : args) argv.push_back(const_cast<char*>(s.c_str()));
   argv.push_back(nullptr);
@@ -1884,6 +1931,7 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Start(const std::string&
   if (pid < 0) return fail("fork", errno);
   if (pid == 0) {
     // Async-signal-safe calls only.
+    if (netns_fd >= 0 && setns(netns_fd, CLONE_NEWNET) != 0) _exit(126);
     for (int fd : init_cg) {
       if (write(fd, "0", 1) != 1) _exit(126);
     }
@@ -2158,8 +2206,26 @@ absl::StatusOr<std::unique_ptr<LocalProvider>> LocalProvider::Create(LocalConfig
     }
   }
   std::unique_ptr<LocalProvider> p(new LocalProvider(std::move(config), std::move(uids)));
+  if (geteuid() == 0 && p->config_.isolation == Isolation::kBwrap) {
+    absl::StatusOr<std::unique_ptr<Egress>> egress = Egress::Start();
+    if (egress.ok()) {
+      p->egress_ = *std::move(egress);
+    } else {
+      p->no_egress_ = std::string(egress.status().message());
+    }
+  } else {
+    p->no_egress_ = "network rules need root and isolation \"bwrap\"";
+  }
+  if (p->egress_ == nullptr) {
+    Log(LogLevel::kInfo, "local.no_egress",
+        {{"message", absl::StrCat("sessions with network rules are refused: ", p->no_egress_)}});
+  }
   RETURN_IF_ERROR(p->Probe());
   return p;
+}
+
+void LocalProvider::SetHooks(ProviderHooks hooks) {
+  if (egress_ != nullptr) egress_->SetHooks(std::move(hooks));
 }
 
 absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Create(const SandboxSpec& spec) {

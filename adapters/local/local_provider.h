@@ -14,6 +14,7 @@
 namespace sandbox {
 
 class CgroupFs;
+class Egress;
 
 // Limits of one local sandbox; 0 = none.
 struct LocalLimits {
@@ -156,6 +157,10 @@ class LocalProvider final : public Provider {
   const LocalEnforcement& enforcement() const { return enforcement_; }
   // "best_effort: <what is not enforced>" when limits are not all enforced.
   std::string Degraded() const override;
+  void SetHooks(ProviderHooks hooks) override;
+  // Whether sessions here may have network rules (docs/network.md), and
+  // why not.
+  bool egress_available() const { return egress_ != nullptr; }
 
   // Arguments that wrap `command` in the sandbox (bwrap options included);
   // exposed for benchmarks that run the same invocation without the broker.
@@ -181,7 +186,7 @@ class LocalProvider final : public Provider {
   absl::StatusOr<std::unique_ptr<Sandbox>> Start(const std::string& id, const SandboxSpec& spec,
                                                  bool fresh);
   std::vector<std::string> ContainerArgs(const std::string& dir, const std::string& workspace,
-                                         const LocalLimits& limits) const;
+                                         const LocalLimits& limits, bool egress) const;
 
   const LocalConfig config_;
   // Set when running as root: one uid per sandbox. Shared with sandboxes,
@@ -197,6 +202,10 @@ class LocalProvider final : public Provider {
   LocalEnforcement enforcement_;
   mutable std::atomic<int> runs_in_flight_{0};
   std::unique_ptr<CgroupFs> cgroups_;  // null when not enforced
+  // Network policies (egress.h); null when this host cannot enforce them,
+  // and why. Declared after nothing a sandbox needs: sandboxes end first.
+  std::unique_ptr<Egress> egress_;
+  std::string no_egress_;
   // Each new container drops the other workspaces from a mount namespace
   // of its own; workspace_root, resolved, is a mount (PrepareWorkspaceRoot).
   bool own_mount_namespace_ = false;

@@ -339,6 +339,7 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
     s->mcp_ = std::make_unique<McpServer>(s->mcp_backend_.get(), s->clock_, mo);
     ASSIGN_OR_RETURN(s->mcp_http_, McpHttpListener::Start(s->mcp_.get(), config));
   }
+  s->HookProviders();
   s->health_ = std::make_unique<HealthMonitor>(s->providers_.get(), s->clock_,
                                                absl::Seconds(config.health_probe_interval_seconds));
   s->SetHealth(true);
@@ -559,6 +560,66 @@ void BrokerServer::FlushUsage() {
 
 void BrokerServer::Wait() { server_->Wait(); }
 
-BrokerServer::~BrokerServer() { Shutdown(absl::ZeroDuration()); }
+// ---- network events ------------------------------------------------------------
+
+struct NetworkEventSink {
+  absl::Mutex mu;
+  Metrics* metrics ABSL_GUARDED_BY(mu) = nullptr;
+  AuditLog* audit ABSL_GUARDED_BY(mu) = nullptr;
+
+  void Close() {
+    absl::MutexLock l(&mu);
+    metrics = nullptr;
+    audit = nullptr;
+  }
+
+  // Metered always; audited when denied. Identifiers and the broker's own
+  // words only: never a payload.
+  void Record(const std::string& provider, const NetworkEvent& e) {
+    absl::MutexLock l(&mu);
+    if (metrics == nullptr) return;
+    if (e.kind == NetworkEvent::Kind::kClosed) {
+      metrics->EgressBytes(provider, e.bytes_out, e.bytes_in);
+      return;
+    }
+    const bool dns = e.kind == NetworkEvent::Kind::kDns;
+    metrics->EgressDecision(provider, e.allowed, dns);
+    if (e.allowed || audit == nullptr) return;
+    AuditEvent a;
+    a.event = dns ? "network.dns_denied" : "network.denied";
+    a.tenant = e.tenant;
+    a.session_id = e.session_id;
+    a.provider = provider;
+    a.sandbox_id = e.sandbox_id;
+    a.fields["destination"] = e.destination;
+    if (e.port > 0) a.fields["port"] = absl::StrCat(e.port);
+    a.fields["rule"] = e.rule;
+    audit->Record(a);
+  }
+};
+
+void BrokerServer::HookProviders() {
+  network_sink_ = std::make_shared<NetworkEventSink>();
+  {
+    absl::MutexLock l(&network_sink_->mu);
+    network_sink_->metrics = metrics_.get();
+    network_sink_->audit = audit_.get();
+  }
+  std::vector<int> ports = {port_};
+  if (admin_port_ > 0) ports.push_back(admin_port_);
+  if (mcp_port() > 0) ports.push_back(mcp_port());
+  for (const std::string& name : providers_->Names()) {
+    ProviderHooks hooks;
+    hooks.broker_ports = ports;
+    std::shared_ptr<NetworkEventSink> sink = network_sink_;
+    hooks.on_network_event = [sink, name](const NetworkEvent& e) { sink->Record(name, e); };
+    (*providers_->Find(name))->SetHooks(std::move(hooks));
+  }
+}
+
+BrokerServer::~BrokerServer() {
+  Shutdown(absl::ZeroDuration());
+  if (network_sink_ != nullptr) network_sink_->Close();
+}
 
 }  // namespace sandbox

@@ -33,6 +33,8 @@
 
 namespace sandbox {
 
+struct NetworkEventSink;  // broker_server.cc
+
 // The assembled daemon: providers, session table, reaper thread and the
 // gRPC server on config.listen. Used by main and by integration tests
 // (listen on 127.0.0.1:0, a FakeClock, reaper driven by hand).
@@ -121,6 +123,9 @@ class BrokerServer {
   void PublishHealth();
   // Writes the buffered usage to the store (the reaper tick, and shutdown).
   void FlushUsage();
+  // Tells the providers the broker's ports and where their network events
+  // go (ProviderHooks), once every listener is bound.
+  void HookProviders();
   BrokerConfig config_;
   Clock* clock_ = nullptr;
   std::unique_ptr<ProviderRegistry> providers_;
@@ -170,6 +175,9 @@ class BrokerServer {
   std::unique_ptr<McpCoreBackend> mcp_backend_;
   std::unique_ptr<McpServer> mcp_;
   std::unique_ptr<McpHttpListener> mcp_http_;
+  // The providers' network events into metrics_ and audit_; closed before
+  // those go (providers_ outlives them).
+  std::shared_ptr<NetworkEventSink> network_sink_;
   int port_ = 0;
   int admin_port_ = 0;
   std::string host_;

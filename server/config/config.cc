@@ -275,6 +275,13 @@ absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text) {
       RETURN_IF_ERROR(pr.status());
       it.value().erase("max_concurrent_creates");
     }
+    if (pr.Has("network")) {
+      ASSIGN_OR_RETURN(c.provider_network[it.key()],
+                       ParseNetworkPolicy(pr.Object("network"),
+                                          absl::StrCat("providers.", it.key(), ".network")));
+      RETURN_IF_ERROR(pr.status());
+      it.value().erase("network");
+    }
   }
   for (const auto& [token, name] : c.admin_tokens) {
     if (c.tokens.count(token) != 0) {

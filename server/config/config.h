@@ -56,6 +56,10 @@ struct BrokerConfig {
   // kDefaultMaxConcurrentCreates; also bounds the provider's warm-pool
   // refills when set (absent: 4 at once).
   std::map<std::string, int64_t> max_concurrent_creates;
+  // providers.<name>.network (read here, not by the provider): what its
+  // sessions may reach when the tenant's policy says nothing
+  // (docs/network.md). Absent = no network.
+  std::map<std::string, NetworkPolicy> provider_network;
   // Serve grpc.reflection (grpcurl-style tools can list and call the API).
   bool reflection = true;
   // Prometheus /metrics listener (host:port; port 0 picks one); "" = off.

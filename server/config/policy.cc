@@ -67,6 +67,9 @@ absl::StatusOr<TenantPolicyConfig> ParseOne(const nlohmann::json& j, const std::
   p.max_output_bytes = int_opt("max_output_bytes", 1, int64_t{1} << 30);
   p.run_rate = int_opt("run_rate", 1, 1000000);
   if (r.Has("disabled")) p.disabled = r.Bool("disabled", false);
+  if (r.Has("network")) {
+    ASSIGN_OR_RETURN(p.network, ParseNetworkPolicy(r.Object("network"), path + ".network"));
+  }
   if (r.Has("resources")) {
     const nlohmann::json& res = r.Object("resources");
     if (res.is_object()) {
@@ -112,7 +115,7 @@ bool PolicyConfig::empty() const {
          !defaults.max_timeout_seconds && !defaults.idle_timeout_seconds &&
          !defaults.max_lifetime_seconds && !defaults.max_output_bytes && !defaults.run_rate &&
          !defaults.res_memory_bytes && !defaults.res_cpus && !defaults.res_pids &&
-         !defaults.res_disk_bytes && !defaults.disabled;
+         !defaults.res_disk_bytes && !defaults.disabled && !defaults.network;
 }
 
 absl::StatusOr<PolicyConfig> ParsePolicyConfig(const nlohmann::json& tenant_defaults,
@@ -193,6 +196,7 @@ TenantRules ResolveTenantRules(const PolicyConfig& policy, const BrokerMaxima& m
   r.resources.pids = Pick<int64_t>(t.res_pids, d.res_pids, 0);
   r.resources.disk_bytes = Pick<int64_t>(t.res_disk_bytes, d.res_disk_bytes, 0);
   r.disabled = Pick<bool>(t.disabled, d.disabled, false);
+  r.network = t.network ? t.network : d.network;
   return r;
 }
 

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "adapters/api/network_policy.h"
 #include "common/clock.h"
 #include "nlohmann/json.hpp"
 
@@ -49,6 +50,9 @@ struct TenantPolicyConfig {
   std::optional<int64_t> res_pids;
   std::optional<int64_t> res_disk_bytes;
   std::optional<bool> disabled;
+  // What sessions may reach (docs/network.md); unset = the provider's
+  // default network.
+  std::optional<NetworkPolicy> network;
 };
 
 struct PolicyConfig {
@@ -91,6 +95,7 @@ struct TenantRules {
   int64_t run_rate = 0;  // 0 = unlimited
   ResourceLimits resources;
   bool disabled = false;
+  std::optional<NetworkPolicy> network;  // unset = the provider's default
 
   bool AllowsProvider(absl::string_view provider) const;
 };

@@ -171,6 +171,7 @@ void BrokerCore::ToInfo(const SessionView& v, pb::SessionInfo* info) const {
     info->mutable_usage()->set_cpu_seconds(v.usage->cpu_seconds);
   }
   info->set_generation(v.generation);
+  NetworkToProto(v.network, info->mutable_network());
   if (cluster_ != nullptr) info->set_owner(cluster_->member_id());
 }
 
@@ -1210,9 +1211,17 @@ absl::StatusOr<CreateOptions> BrokerCore::CreateOptionsFor(const CallContext& ct
                                                            const Admission& a,
                                                            const pb::SessionSpec& spec) {
   ASSIGN_OR_RETURN(CreateOptions o, ToCreateOptions(spec));
+  const std::string provider = !o.provider.empty()  ? o.provider
+                               : a.rules != nullptr ? a.rules->default_provider
+                                                    : config_.default_provider;
+  absl::StatusOr<NetworkPolicy> network = SessionNetwork(spec, a.rules, config_, provider);
+  if (!network.ok()) {
+    if (network.status().code() != absl::StatusCode::kPermissionDenied) return network.status();
+    return Refused(ctx, network.status(), "network", provider);
+  }
+  o.network = *std::move(network);
   if (a.rules == nullptr) return o;
   const TenantRules& r = *a.rules;
-  const std::string provider = o.provider.empty() ? r.default_provider : o.provider;
   ResourceLimits asked;
   asked.memory_bytes = spec.resources().memory_bytes();
   asked.cpus = spec.resources().cpus();

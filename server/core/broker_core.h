@@ -125,6 +125,10 @@ class BrokerCore {
                      Done<pb::ReadFileResponse> done);
   void KeepAliveAsync(const CallContext& ctx, const pb::KeepAliveRequest& req,
                       Done<pb::KeepAliveResponse> done);
+  // network.cc (docs/network.md).
+  void UpdateSessionNetworkAsync(const CallContext& ctx,
+                                 const pb::UpdateSessionNetworkRequest& req,
+                                 Done<pb::SessionInfo> done);
   void CloseSessionAsync(const CallContext& ctx, const pb::CloseSessionRequest& req,
                          Done<pb::CloseSessionResponse> done);
   // Streamed transfers (docs/api.md#streamed-transfers; transfers.h): the
@@ -365,5 +369,18 @@ absl::Status ValidateSessionId(const std::string& id);
 void SetTime(absl::Time t, google::protobuf::Timestamp* ts);
 // The proto form of a language.
 pb::Language FromLanguage(Language l);
+// Network policies (network.cc): the proto form, and back (INVALID_ARGUMENT
+// naming `where`).
+void NetworkToProto(const NetworkPolicy& p, pb::NetworkPolicy* out);
+absl::StatusOr<NetworkPolicy> NetworkFromProto(const pb::NetworkPolicy& p,
+                                               absl::string_view where);
+// What a new session may reach: `asked` (SessionSpec.network, if set)
+// narrowed within the ceiling, which is the tenant's `network` rule if it
+// has one, else the provider's default (providers.<name>.network), else
+// nothing. A wider request is PERMISSION_DENIED naming the rule.
+absl::StatusOr<NetworkPolicy> SessionNetwork(const pb::SessionSpec& spec,
+                                             const TenantRules* rules,
+                                             const BrokerConfig& config,
+                                             const std::string& provider);
 
 }  // namespace sandbox

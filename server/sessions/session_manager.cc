@@ -62,6 +62,7 @@ struct SessionManager::Session {
   int64_t generation = 1;
 
   // Guarded by SessionManager::mu_.
+  NetworkPolicy network;  // the rules in force (UpdateSessionNetwork changes them)
   SessionStateKind state = SessionStateKind::kCreating;
   bool gone = false;  // removed from the table (closed or failed creation)
   absl::Status create_status;
@@ -144,7 +145,8 @@ SessionRecord SessionManager::RecordOf(const Session& s, StoredState state) cons
                          {"resources", ResourcesJson(s.resources)},
                          // The tenant's ceiling applied at create: an adopted
                          // sandbox keeps the limits it was made with.
-                         {"ceiling", ResourcesJson(s.ceiling)}};
+                         {"ceiling", ResourcesJson(s.ceiling)},
+                         {"network", NetworkPolicyJson(s.network)}};
   r.spec_json = spec.dump();
   r.created_at = s.created_wall;
   r.last_active_at = s.last_active_wall;
@@ -373,6 +375,7 @@ absl::StatusOr<Lease> SessionManager::AcquireOrBegin(
       s->env = create->env;
       s->resources = create->resources;
       s->ceiling = create->resources_ceiling;
+      s->network = create->network;
       s->attempt_id = RandomHex(8);
       if (auto g = next_generation_.find({tenant, session_id}); g != next_generation_.end()) {
         s->generation = g->second;
@@ -485,6 +488,7 @@ SandboxSpec SessionManager::CreateSpecOf(const Session& s, const CreateOptions& 
   spec.deployment_id = deployment_id_;
   spec.attempt_id = s.attempt_id;
   spec.ceiling = o.resources_ceiling;
+  spec.network = o.network;
   return spec;
 }
 
@@ -834,6 +838,7 @@ SessionView SessionManager::ViewLocked(const Session& s, std::shared_ptr<Sandbox
   v.template_name = s.template_name;
   v.labels = s.labels;
   v.calls_in_flight = s.inflight;
+  v.network = s.network;
   if (s.sandbox) v.resources = s.sandbox->Resources();
   if (sandbox != nullptr) *sandbox = s.sandbox;
   v.generation = s.generation;
@@ -906,6 +911,27 @@ absl::StatusOr<absl::Time> SessionManager::KeepAlive(const std::string& tenant,
   return absl::NotFoundError(absl::StrCat("session \"", session_id, "\" not found"));
 }
 
+absl::Status SessionManager::SetNetwork(const std::string& tenant, const std::string& session_id,
+                                       const NetworkPolicy& network) {
+  SessionRecord rec;
+  {
+    absl::MutexLock l(&mu_);
+    Session* s = nullptr;
+    if (auto t = tenants_.find(tenant); t != tenants_.end()) {
+      auto it = t->second.find(session_id);
+      if (it != t->second.end() && it->second->state == SessionStateKind::kReady) {
+        s = it->second.get();
+      }
+    }
+    if (s == nullptr) {
+      return absl::NotFoundError(absl::StrCat("session \"", session_id, "\" not found"));
+    }
+    s->network = network;
+    rec = RecordOf(*s, StoredState::kReady);
+  }
+  return store_ ? store_->PutSession(rec) : absl::OkStatus();
+}
+
 int SessionManager::RunOnce() {
   std::vector<std::pair<std::shared_ptr<Session>, std::shared_ptr<Sandbox>>> idle;
   std::vector<std::shared_ptr<Session>> lifetime;
@@ -957,6 +983,7 @@ SessionManager::AdoptPlan SessionManager::BeginAdoptLocked(const std::shared_ptr
                      s->template_name, s->language, s->env, s->labels);
   plan.spec.resources = s->resources;
   plan.spec.ceiling = s->ceiling;
+  plan.spec.network = s->network;
   plan.provider = s->provider;
   plan.sandbox_id = s->sandbox_id;
   return plan;
@@ -1069,6 +1096,7 @@ struct StoredSpec {
   Language language = Language::kPython;
   std::map<std::string, std::string> env, labels;
   SandboxResources resources, ceiling;
+  NetworkPolicy network;  // a malformed one: no network
   int64_t idle_ms = 0;
   int64_t life_ms = -1;
 };
@@ -1108,6 +1136,10 @@ StoredSpec ParseStoredSpec(const std::string& text) {
   };
   resources("resources", &out.resources);
   resources("ceiling", &out.ceiling);
+  if (auto n = spec.find("network"); n != spec.end()) {
+    absl::StatusOr<NetworkPolicy> network = ParseNetworkPolicy(*n, "network");
+    if (network.ok()) out.network = *std::move(network);
+  }
   return out;
 }
 
@@ -1132,6 +1164,7 @@ std::shared_ptr<SessionManager::Session> SessionManager::FromRecordLocked(const 
   s->labels = spec.labels;
   s->resources = spec.resources;
   s->ceiling = spec.ceiling;
+  s->network = spec.network;
   if (spec.idle_ms > 0) s->idle_timeout = absl::Milliseconds(spec.idle_ms);
   if (spec.life_ms >= 0) s->max_lifetime = absl::Milliseconds(spec.life_ms);
   // Deadlines continue by wall clock: time spent down counts.

@@ -41,6 +41,7 @@ struct CreateOptions {
   std::map<std::string, std::string> labels;
   SandboxResources resources;          // SessionSpec.resources
   SandboxResources resources_ceiling;  // the tenant's maximum (SandboxSpec.ceiling)
+  NetworkPolicy network;               // what the sandbox may reach (docs/network.md)
   // Seed files: written before the first call runs; (path, bytes).
   std::vector<std::pair<std::string, std::string>> files;
   // Tenant policy (server/config/policy.h) for a session this call creates; zero
@@ -71,6 +72,7 @@ struct SessionView {
   // Limits applied and current use, when the provider reports them.
   std::optional<SandboxResources> resources;
   std::optional<SandboxUsage> usage;
+  NetworkPolicy network;  // the rules in force
   // 1 for the session's first sandbox, +1 for each new one after its
   // sandbox vanished at the provider.
   int64_t generation = 1;
@@ -251,6 +253,11 @@ class SessionManager {
 
   // Counts as activity; returns the new idle deadline. NOT_FOUND if none.
   absl::StatusOr<absl::Time> KeepAlive(const std::string& tenant, const std::string& session_id);
+
+  // The network rules now in force for a ready session (its sandbox already
+  // follows them), kept in the store for adoption. NOT_FOUND if none.
+  absl::Status SetNetwork(const std::string& tenant, const std::string& session_id,
+                          const NetworkPolicy& network);
 
   // Closes sessions idle past the idle timeout or older than the max
   // lifetime. Work is proportional to the sessions that expire. Returns how

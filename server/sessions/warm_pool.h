@@ -86,6 +86,7 @@ class WarmPool final : public Provider {
     inner_->AttachAsync(std::move(sandbox_id), std::move(spec), std::move(done));
   }
   std::string Degraded() const override { return inner_->Degraded(); }
+  void SetHooks(ProviderHooks hooks) override { inner_->SetHooks(std::move(hooks)); }
   absl::Status CheckHealth() override { return inner_->CheckHealth(); }
   absl::StatusOr<std::unique_ptr<Sandbox>> Attach(const std::string& sandbox_id,
                                                   const SandboxSpec& spec) override {

@@ -131,7 +131,17 @@ Metrics::Metrics()
                        .Help("New sessions on a pooled provider that created a sandbox, by "
                              "reason (empty: no ready member; mismatch: the spec needs "
                              "creation-time settings)")
-                       .Register(*registry_)) {}
+                       .Register(*registry_)),
+      egress_connections_(prometheus::BuildCounter()
+                              .Name("sandbox_broker_egress_connections_total")
+                              .Help("Sandbox network decisions (docs/network.md), by decision "
+                                    "(allowed, denied) and kind (connection, dns)")
+                              .Register(*registry_)),
+      egress_bytes_(prometheus::BuildCounter()
+                        .Name("sandbox_broker_egress_bytes_total")
+                        .Help("Bytes sandboxes moved through allowed connections, by direction "
+                              "(out: to the destination, in: back)")
+                        .Register(*registry_)) {}
 
 void Metrics::SessionCreated(const std::string& provider, const std::string& tenant,
                              absl::Duration took) {
@@ -234,6 +244,19 @@ void Metrics::PoolHit(const std::string& provider) {
 
 void Metrics::PoolMiss(const std::string& provider, const std::string& reason) {
   pool_misses_.Add({{"provider", provider}, {"reason", reason}}).Increment();
+}
+
+void Metrics::EgressDecision(const std::string& provider, bool allowed, bool dns) {
+  egress_connections_
+      .Add({{"provider", provider},
+            {"decision", allowed ? "allowed" : "denied"},
+            {"kind", dns ? "dns" : "connection"}})
+      .Increment();
+}
+
+void Metrics::EgressBytes(const std::string& provider, int64_t out, int64_t in) {
+  if (out > 0) egress_bytes_.Add({{"provider", provider}, {"direction", "out"}}).Increment(out);
+  if (in > 0) egress_bytes_.Add({{"provider", provider}, {"direction", "in"}}).Increment(in);
 }
 
 void Metrics::RunFinished(const std::string& provider, size_t output_bytes, bool timed_out) {

@@ -59,6 +59,9 @@ class Metrics {
   void PoolSize(const std::string& provider, int64_t ready);
   void PoolHit(const std::string& provider);
   void PoolMiss(const std::string& provider, const std::string& reason);
+  // Network policies (docs/network.md).
+  void EgressDecision(const std::string& provider, bool allowed, bool dns);
+  void EgressBytes(const std::string& provider, int64_t out, int64_t in);
 
  private:
   // Cached handles, keyed by their label values joined with '\x1f': the
@@ -93,6 +96,8 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& pool_size_;
   prometheus::Family<prometheus::Counter>& pool_hits_;
   prometheus::Family<prometheus::Counter>& pool_misses_;
+  prometheus::Family<prometheus::Counter>& egress_connections_;
+  prometheus::Family<prometheus::Counter>& egress_bytes_;
 };
 
 }  // namespace sandbox

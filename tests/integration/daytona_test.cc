@@ -26,8 +26,10 @@ class DaytonaTest : public BrokerFixture {
                                 {"target", "us"},
                                 {"create_timeout_seconds", 3},
                                 {"workspace", "agent-default"}}}}}};
+    extra_ = extra;
     StartBroker(extra.dump());
   }
+  nlohmann::json extra_;
   void TearDown() override { server_.reset(); }  // its connections go before the fake
 
   FakeClock fake_clock_;
@@ -38,6 +40,23 @@ pb::SessionSpec Lang(pb::Language l) {
   pb::SessionSpec s;
   s.set_language(l);
   return s;
+}
+
+TEST_F(DaytonaTest, NetworkRulesAreRefusedNeverDropped) {
+  // Wider than the tenant allows (nothing): refused before the provider.
+  pb::SessionSpec spec;
+  spec.mutable_network()->add_allow_out("10.0.0.0/8");
+  auto wide = Client("dtn-net", "token-alpha-123", spec)->Start();
+  EXPECT_EQ(wide.status().code(), absl::StatusCode::kPermissionDenied) << wide.status();
+  // The provider's default allows it, but the provider cannot enforce it.
+  server_.reset();
+  nlohmann::json extra = extra_;
+  extra["providers"]["daytona"]["network"] = {{"allow_out", nlohmann::json::array({"10.0.0.0/8"})}};
+  StartBroker(extra.dump());
+  auto r = Client("dtn-net")->Start();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("spec.network"), std::string::npos) << r.status();
 }
 
 TEST_F(DaytonaTest, RunsCodeInTheSessionsLanguageAndShellCommands) {

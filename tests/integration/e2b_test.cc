@@ -27,8 +27,10 @@ class E2BTest : public BrokerFixture {
                                {{"api_key", "e2b_test_key"},
                                 {"api_url", fake_->url()},
                                 {"sandbox_url", fake_->url()}}}}}};
+    extra_ = extra;
     StartBroker(extra.dump());
   }
+  nlohmann::json extra_;
 
   // The broker (and its kept-alive connections) goes before the fake.
   void TearDown() override { server_.reset(); }
@@ -45,6 +47,23 @@ TEST_F(E2BTest, ResourcesAreRefusedBecauseTheTemplateDecides) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status().message().find("template"), absl::string_view::npos) << r.status();
+}
+
+TEST_F(E2BTest, NetworkRulesAreRefusedNeverDropped) {
+  // Wider than the tenant allows (nothing): refused before the provider.
+  pb::SessionSpec spec;
+  spec.mutable_network()->add_allow_out("pypi.org");
+  auto wide = Client("e2b-net", "token-alpha-123", spec)->Start();
+  EXPECT_EQ(wide.status().code(), absl::StatusCode::kPermissionDenied) << wide.status();
+  // The provider's default allows it, but the provider cannot enforce it.
+  server_.reset();
+  nlohmann::json extra = extra_;
+  extra["providers"]["e2b"]["network"] = {{"allow_out", nlohmann::json::array({"pypi.org"})}};
+  StartBroker(extra.dump());
+  auto r = Client("e2b-net")->Start();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("spec.network"), std::string::npos) << r.status();
 }
 
 TEST_F(E2BTest, RunsCodeOfAnyBytesInEachLanguage) {

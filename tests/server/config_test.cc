@@ -107,9 +107,12 @@ std::set<std::string> KeysTheCodeReads() {
       R"({"state": {"backend": "sqlite", "path": "/tmp/x.db"},
           "tls": {"cert_file": "c", "key_file": "k"}, "auth": {}, "mcp": {}, "limits": {},
           "audit_log": {"path": "/tmp/a"},
-          "tenant_defaults": {"templates": {"local": ["a"]}, "resources": {"cpus": 1}},
-          "tenants": {"NAME": {"templates": {"local": ["a"]}, "resources": {"cpus": 1}}},
-          "providers": {"local": {"limits": {}, "max_limits": {}, "max_concurrent_creates": 2},
+          "tenant_defaults": {"templates": {"local": ["a"]}, "resources": {"cpus": 1},
+                              "network": {}},
+          "tenants": {"NAME": {"templates": {"local": ["a"]}, "resources": {"cpus": 1},
+                               "network": {}}},
+          "providers": {"local": {"limits": {}, "max_limits": {}, "max_concurrent_creates": 2,
+                                  "network": {}},
                         "e2b": {"api_key": "k", "pool": {}},
                         "daytona": {"api_key": "k", "pool": {}}, "echo": {}}})",
       R"({"state": {"backend": "etcd", "etcd": {"endpoints": ["http://127.0.0.1:1"]}},
@@ -131,6 +134,8 @@ std::set<std::string> KeysTheCodeReads() {
     k = std::regex_replace(k, std::regex(R"(\.templates\..*$)"), ".templates");
     k = std::regex_replace(k, std::regex(R"(^providers\.[a-z0-9]+\.max_concurrent_creates$)"),
                            "providers.<name>.max_concurrent_creates");
+    k = std::regex_replace(k, std::regex(R"(^providers\.[a-z0-9]+\.network$)"),
+                           "providers.<name>.network");
     keys.insert(k);
   }
   // Objects that only hold other keys have no row of their own.

@@ -168,6 +168,10 @@ BrokerService::BrokerService(BrokerCore* core, const Authenticator* auth, Clock*
       23, "RunCode", [core](const CallContext& cc, auto req, auto done) {
         core->RunCodeAsync(cc, *req, [req, done](auto r) { done(std::move(r)); });
       });
+  RegisterUnary<pb::UpdateSessionNetworkRequest, pb::SessionInfo>(
+      24, "UpdateSessionNetwork", [core](const CallContext& cc, auto req, auto done) {
+        core->UpdateSessionNetworkAsync(cc, *req, [req, done](auto r) { done(std::move(r)); });
+      });
 }
 
 void BrokerService::StartDraining() {
