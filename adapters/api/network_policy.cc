@@ -232,6 +232,13 @@ absl::StatusOr<NetworkPolicy> ParseNetworkPolicy(const nlohmann::json& j, absl::
           absl::StrCat(where, ".", key, ": unknown key (known: ", absl::StrJoin(kKeys, ", "), ")"));
     }
   }
+  if (j.contains("apply_to_running")) {
+    if (!j["apply_to_running"].is_boolean()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".apply_to_running: must be a boolean"));
+    }
+    p.apply_to_running = j["apply_to_running"].get<bool>();
+  }
   if (j.contains("allow_all")) {
     if (!j["allow_all"].is_boolean()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ".allow_all: must be a boolean"));
@@ -295,6 +302,7 @@ nlohmann::json NetworkPolicyJson(const NetworkPolicy& p) {
   if (!p.hosts.empty()) j["hosts"] = p.hosts;
   if (p.max_connections > 0) j["max_connections"] = p.max_connections;
   if (p.max_bytes_per_second > 0) j["max_bytes_per_second"] = p.max_bytes_per_second;
+  if (p.apply_to_running) j["apply_to_running"] = true;
   return j;
 }
 
@@ -318,6 +326,7 @@ absl::StatusOr<NetworkPolicy> NarrowNetworkPolicy(const NetworkPolicy& asked,
     }
   }
   NetworkPolicy out = asked;
+  out.apply_to_running = false;
   for (const NetRule& d : ceiling.deny_out) {
     const bool have = std::any_of(out.deny_out.begin(), out.deny_out.end(),
                                   [&d](const NetRule& x) { return x.text == d.text; });

@@ -53,6 +53,9 @@ struct NetworkPolicy {
   std::map<std::string, std::string> hosts;
   int64_t max_connections = 0;       // at once, per sandbox; 0 = no cap
   int64_t max_bytes_per_second = 0;  // each direction, per sandbox; 0 = no cap
+  // Config only (tenant policy): a reload that changes these rules applies
+  // them to the tenant's running sessions too, not only to new ones.
+  bool apply_to_running = false;
 
   // No destination at all (the default).
   bool AllowsNothing() const { return !allow_all && allow_out.empty(); }

@@ -209,6 +209,10 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
   s->reloader_ = std::make_unique<Reloader>(options.config_path, options.listen_override, config,
                                             provider_names, s->policy_.get(), s->usage_.get(),
                                             s->audit_.get());
+  BrokerCore* core = s->core_.get();
+  s->reloader_->SetSwapHook([core](const OperatorSnapshot& before, const OperatorSnapshot& after) {
+    core->ApplyNetworkReload(before, after);
+  });
   AdminService::Deps deps;
   deps.sessions = s->sessions_.get();
   deps.core = s->core_.get();

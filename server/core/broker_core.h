@@ -126,6 +126,10 @@ class BrokerCore {
   void KeepAliveAsync(const CallContext& ctx, const pb::KeepAliveRequest& req,
                       Done<pb::KeepAliveResponse> done);
   // network.cc (docs/network.md).
+  // After a policy reload: the running sessions of each tenant whose
+  // network rule changed and says apply_to_running get the new rule.
+  // Returns how many did.
+  int ApplyNetworkReload(const OperatorSnapshot& before, const OperatorSnapshot& after);
   void UpdateSessionNetworkAsync(const CallContext& ctx,
                                  const pb::UpdateSessionNetworkRequest& req,
                                  Done<pb::SessionInfo> done);

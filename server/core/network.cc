@@ -2,6 +2,7 @@
 // SessionInfo.network, and which policy a new session gets.
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "server/core/broker_core.h"
 
@@ -44,9 +45,39 @@ absl::StatusOr<NetworkPolicy> SessionNetwork(const pb::SessionSpec& spec, const 
              it != config.provider_network.end()) {
     ceiling = it->second;
   }
+  ceiling.apply_to_running = false;
   if (!spec.has_network()) return ceiling;
   ASSIGN_OR_RETURN(NetworkPolicy asked, NetworkFromProto(spec.network(), "spec.network"));
   return NarrowNetworkPolicy(asked, ceiling);
+}
+
+int BrokerCore::ApplyNetworkReload(const OperatorSnapshot& before, const OperatorSnapshot& after) {
+  int applied = 0;
+  bool more = true;
+  std::pair<std::string, std::string> cursor;
+  while (more) {
+    const std::vector<SessionView> page = sessions_->ListAll({}, cursor, 500, &more);
+    for (const SessionView& v : page) {
+      cursor = {v.tenant, v.session_id};
+      const std::optional<NetworkPolicy>& now = after.For(v.tenant).network;
+      if (v.state != SessionStateKind::kReady || !now || !now->apply_to_running) continue;
+      const std::optional<NetworkPolicy>& was = before.For(v.tenant).network;
+      if (was && NetworkPolicyJson(*was) == NetworkPolicyJson(*now)) continue;
+      NetworkPolicy rules = *now;
+      rules.apply_to_running = false;
+      absl::StatusOr<Lease> lease = sessions_->Acquire(v.tenant, v.session_id, nullptr);
+      if (!lease.ok()) continue;  // closed meanwhile
+      absl::Status s = lease->sandbox()->UpdateNetwork(rules);
+      lease->Release();
+      if (s.ok()) s = sessions_->SetNetwork(v.tenant, v.session_id, rules);
+      Log(s.ok() ? LogLevel::kInfo : LogLevel::kWarning, "network.reload_applied",
+          {{"tenant", v.tenant},
+           {"session_id", v.session_id},
+           {"result", s.ok() ? std::string("applied") : std::string(s.message())}});
+      if (s.ok()) ++applied;
+    }
+  }
+  return applied;
 }
 
 void BrokerCore::UpdateSessionNetworkAsync(const CallContext& ctx,

@@ -107,6 +107,14 @@ std::vector<std::string> Reloader::RestartKeys(const nlohmann::json& before,
 }
 
 absl::StatusOr<ReloadResult> Reloader::Reload(const std::string& source) {
+  std::shared_ptr<const OperatorSnapshot> before;
+  absl::StatusOr<ReloadResult> result = ReloadLocked(source, &before);
+  if (result.ok() && before != nullptr && swap_hook_) swap_hook_(*before, *policy_->Current());
+  return result;
+}
+
+absl::StatusOr<ReloadResult> Reloader::ReloadLocked(
+    const std::string& source, std::shared_ptr<const OperatorSnapshot>* before_out) {
   absl::MutexLock l(&mu_);
   AuditEvent audit;
   audit.event = "config.reload";
@@ -145,6 +153,7 @@ absl::StatusOr<ReloadResult> Reloader::Reload(const std::string& source) {
   result.generation = generation;
   result.needs_restart = RestartKeys(before, after);
   if (usage_ != nullptr) usage_->SetKnownTenants((*snap)->KnownTenants());
+  *before_out = policy_->Current();
   policy_->Swap(*snap);
   const std::string restart = absl::StrJoin(result.needs_restart, ",");
   Log(LogLevel::kInfo, "config.reloaded",

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -43,6 +44,12 @@ class Reloader {
   // FAILED_PRECONDITION without a config file.
   absl::StatusOr<ReloadResult> Reload(const std::string& source);
 
+  // Called after each applied reload with the snapshots before and after,
+  // on the reloading thread with no lock held. Set before serving.
+  using SwapHook =
+      std::function<void(const OperatorSnapshot& before, const OperatorSnapshot& after)>;
+  void SetSwapHook(SwapHook hook) { swap_hook_ = std::move(hook); }
+
   // Reloads when auth.tokens_file's contents differ from the last seen ones
   // (a broken file is tried once per change). Returns whether it reloaded
   // (successfully or not).
@@ -70,6 +77,10 @@ class Reloader {
   PolicyEngine* const policy_;
   UsageMeter* const usage_;
   AuditLog* const audit_;
+  SwapHook swap_hook_;
+
+  absl::StatusOr<ReloadResult> ReloadLocked(const std::string& source,
+                                            std::shared_ptr<const OperatorSnapshot>* before);
 
   absl::Mutex mu_;  // serializes reloads
   std::string tokens_seen_ ABSL_GUARDED_BY(mu_);

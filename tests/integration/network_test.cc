@@ -42,6 +42,8 @@ class NetworkApiTest : public ::testing::Test {
         {"listen", "127.0.0.1:0"},
         {"admin_listen", "127.0.0.1:0"},
         {"default_provider", "local"},
+        // Its own store, never the default path (parallel runs).
+        {"state", {{"backend", "sqlite"}, {"path", dir_.path() + "/state/state.db"}}},
         {"auth", {{"tokens", {{kNetAlpha, "alpha"}, {kNetBeta, "beta"}}}}},
         {"providers", {{"local", {{"workspace_root", dir_.path() + "/ws"}, {"uid_base", 650000}}}}},
         {"tenants",
@@ -49,14 +51,16 @@ class NetworkApiTest : public ::testing::Test {
            {{"network",
              {{"allow_out", {"files.test", "*.files.test"}},
               {"hosts", {{"files.test", "127.0.0.1"}, {"a.files.test", "127.0.0.1"}}}}}}}}}};
-    const std::string path = dir_.path() + "/config.json";
-    std::ofstream(path) << cfg.dump(2);
-    auto config = LoadConfigFile(path);
+    cfg_ = cfg;
+    std::ofstream(ConfigPath()) << cfg.dump(2);
+    auto config = LoadConfigFile(ConfigPath());
     ASSERT_TRUE(config.ok()) << config.status();
     auto providers = BuildProviders(*config);
     ASSERT_TRUE(providers.ok()) << providers.status();
     BrokerServer::Options o;
     o.reaper_thread = false;
+    o.config_path = ConfigPath();
+    o.watch_tokens_file = false;
     o.audit_sink = [this](absl::string_view line) {
       absl::MutexLock l(&mu_);
       audit_.emplace_back(line);
@@ -103,6 +107,17 @@ class NetworkApiTest : public ::testing::Test {
                         "/hello 2>&1; echo \" rc=$?\"");
   }
 
+  std::string ConfigPath() const { return dir_.path() + "/config.json"; }
+
+  // Rewrites alpha's network rule and reloads.
+  void ReloadAlpha(const nlohmann::json& network) {
+    cfg_["tenants"]["alpha"]["network"] = network;
+    std::ofstream(ConfigPath() + ".new") << cfg_.dump(2);
+    rename((ConfigPath() + ".new").c_str(), ConfigPath().c_str());
+    auto r = server_->Reload("test");
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+
   std::string Audit() {
     absl::MutexLock l(&mu_);
     std::string all;
@@ -111,6 +126,7 @@ class NetworkApiTest : public ::testing::Test {
   }
 
   TempDir dir_;
+  nlohmann::json cfg_;
   httplib::Server web_;
   int web_port_ = 0;
   std::thread web_thread_;
@@ -209,6 +225,30 @@ TEST_F(NetworkApiTest, LiveUpdatesStayWithinTheTenantsRulesAndAreMeteredAndAudit
   EXPECT_TRUE(
       absl::StrContains(scraped->body, "sandbox_broker_egress_bytes_total{direction=\"in\""))
       << scraped->body;
+}
+
+TEST_F(NetworkApiTest, AReloadReachesRunningSessionsOnlyWhenItsRuleSaysSo) {
+  pb::SessionInfo info;
+  grpc::Status s = Start(kNetAlpha, "r1", &info);
+  if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) GTEST_SKIP() << s.error_message();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  const nlohmann::json hosts = {{"files.test", "127.0.0.1"}, {"a.files.test", "127.0.0.1"}};
+  // A new rule for new sessions only: r1 keeps what it had.
+  ReloadAlpha({{"allow_out", nlohmann::json::array({"a.files.test"})}, {"hosts", hosts}});
+  EXPECT_TRUE(absl::StrContains(Shell(kNetAlpha, "r1", Curl("files.test")), "hello rc=0"));
+  ASSERT_TRUE(Start(kNetAlpha, "r2", &info).ok());
+  EXPECT_FALSE(absl::StrContains(Shell(kNetAlpha, "r2", Curl("files.test")), "hello rc=0"));
+  // apply_to_running: r1 follows at once, and says so.
+  ReloadAlpha({{"allow_out", nlohmann::json::array({"a.files.test"})},
+               {"hosts", hosts},
+               {"apply_to_running", true}});
+  EXPECT_FALSE(absl::StrContains(Shell(kNetAlpha, "r1", Curl("files.test")), "hello rc=0"));
+  EXPECT_TRUE(absl::StrContains(Shell(kNetAlpha, "r1", Curl("a.files.test")), "hello rc=0"));
+  pb::GetSessionRequest get;
+  get.set_session_id("r1");
+  ASSERT_TRUE(stub_->GetSession(Ctx(kNetAlpha).get(), get, &info).ok());
+  ASSERT_EQ(info.network().allow_out_size(), 1);
+  EXPECT_EQ(info.network().allow_out(0), "a.files.test");
 }
 
 }  // namespace
