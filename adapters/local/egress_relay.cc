@@ -258,13 +258,13 @@ void Pump(EgressState& st, int client, int upstream, int64_t rate, int64_t* out,
       }
       return;
     }
-    fcntl(d.pipe[1], F_SETPIPE_SZ, 1 << 20);
+    fcntl(d.pipe[1], F_SETPIPE_SZ, 256 << 10);
   }
   absl::Cleanup close_pipes = [&dirs] {
     for (Dir& d : dirs) close(d.pipe[0]), close(d.pipe[1]);
   };
   fcntl(client, F_SETFL, fcntl(client, F_GETFL) | O_NONBLOCK);
-  constexpr size_t kChunk = 1 << 20;
+  constexpr size_t kChunk = 256 << 10;
   while (!(dirs[0].shut && dirs[1].shut)) {
     struct pollfd p[4];
     int n = 0;
