@@ -502,13 +502,13 @@ int AdminMain(const std::shared_ptr<grpc::Channel>& channel, const AdminFlags& f
     auto table = [](const google::protobuf::RepeatedPtrField<sandbox::pb::TenantUsage>& list) {
       std::vector<std::vector<std::string>> rows{{"TENANT", "PROVIDER", "SESSIONS", "RUNS", "RUN_S",
                                                   "SANDBOX_S", "CPU_S", "OUTPUT_B", "FILE_B", "OOM",
-                                                  "REFUSED"}};
+                                                  "REFUSED", "EGRESS_B"}};
       for (const auto& u : list) {
         rows.push_back({u.tenant(), u.provider(), std::to_string(u.sessions_created()),
                         std::to_string(u.runs()), Num(u.run_seconds()), Num(u.sandbox_seconds()),
                         Num(u.cpu_seconds()), std::to_string(u.output_bytes()),
                         std::to_string(u.file_transfer_bytes()), std::to_string(u.oom_kills()),
-                        std::to_string(u.quota_refusals())});
+                        std::to_string(u.quota_refusals()), std::to_string(u.egress_bytes())});
       }
       PrintTable(rows);
     };

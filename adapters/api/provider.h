@@ -407,9 +407,11 @@ class Sandbox {
   virtual std::optional<SandboxUsage> Usage() const { return std::nullopt; }
 
   // Replaces the rules in force (UpdateSessionNetwork): new connections
-  // follow them within a second; open ones keep going. Default: UNIMPLEMENTED.
+  // follow them within a second; open ones keep going. Default:
+  // FAILED_PRECONDITION (the provider cannot change a running sandbox's).
   virtual absl::Status UpdateNetwork(const NetworkPolicy& policy) {
-    return absl::UnimplementedError("this provider cannot change a sandbox's network");
+    return absl::FailedPreconditionError(
+        "this provider cannot change a running sandbox's network rules; start a new session");
   }
 
   // Destroys the sandbox: kills what runs in it and frees its resources.

@@ -36,15 +36,6 @@ inline std::string ShellJoin(const std::vector<std::string>& argv) {
 }
 
 // A path a remote sandbox can be asked about: not empty, no NUL.
-// Remote providers do not map network policies yet (docs/network.md): a
-// session with any rule is refused, never created with the rule dropped.
-inline absl::Status RefuseNetworkPolicy(absl::string_view provider, const NetworkPolicy& p) {
-  if (p.IsDefault()) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      provider, ": spec.network cannot be enforced on this provider (rules are enforced by the "
-      "local provider only); its sandboxes keep the provider's own network defaults"));
-}
-
 inline absl::Status CheckRemotePath(absl::string_view path) {
   if (path.empty()) return absl::InvalidArgumentError("path is empty");
   if (path.find('\0') != absl::string_view::npos) {

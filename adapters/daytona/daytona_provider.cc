@@ -500,8 +500,8 @@ std::map<std::string, std::string> DaytonaProvider::LabelsOf(const SandboxSpec& 
 }
 
 absl::StatusOr<std::string> DaytonaProvider::CreateBody(const SandboxSpec& spec) const {
-  RETURN_IF_ERROR(RefuseNetworkPolicy("daytona", spec.network));
   daytona::CreateParams p;
+  RETURN_IF_ERROR(daytona::MapNetwork(spec.network, &p));
   p.snapshot = spec.template_name.empty() ? config_.snapshot : spec.template_name;
   p.target = config_.target;
   p.env = spec.env;

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "adapters/http/http_client.h"
 #include "common/text.h"
 #include "nlohmann/json.hpp"
@@ -25,7 +26,43 @@ std::string CreateSandboxBody(const CreateParams& p) {
   if (p.cpu > 0) j["cpu"] = p.cpu;
   if (p.memory_gib > 0) j["memory"] = p.memory_gib;
   if (p.disk_gib > 0) j["disk"] = p.disk_gib;
+  if (p.network_block_all) j["networkBlockAll"] = *p.network_block_all;
+  if (!p.network_allow_list.empty()) j["networkAllowList"] = p.network_allow_list;
+  if (!p.domain_allow_list.empty()) j["domainAllowList"] = p.domain_allow_list;
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+absl::Status MapNetwork(const NetworkPolicy& policy, CreateParams* p) {
+  if (policy.IsDefault()) return absl::OkStatus();
+  auto cannot = [](const std::string& what, absl::string_view why) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("daytona: spec.network ", what, " cannot be enforced on Daytona (", why, ")"));
+  };
+  if (!policy.hosts.empty()) {
+    return cannot(absl::StrCat("hosts.", policy.hosts.begin()->first), "no host entries");
+  }
+  if (policy.max_connections > 0) return cannot("max_connections", "no connection cap");
+  if (policy.max_bytes_per_second > 0) return cannot("max_bytes_per_second", "no bandwidth cap");
+  if (!policy.deny_out.empty()) {
+    return cannot(absl::StrCat("deny_out \"", policy.deny_out[0].text, "\""), "no deny rules");
+  }
+  if (policy.allow_all) {
+    p->network_block_all = false;
+    return absl::OkStatus();
+  }
+  std::vector<std::string> cidrs, domains;
+  for (const NetRule& r : policy.allow_out) {
+    if (r.port != 0) return cannot(absl::StrCat("\"", r.text, "\""), "its rules take no port");
+    if (r.kind == NetRule::Kind::kCidr) {
+      cidrs.push_back(absl::StrCat(r.network.ToString(), "/", r.prefix));
+    } else {
+      domains.push_back(r.text);
+    }
+  }
+  p->network_block_all = cidrs.empty() && domains.empty();
+  p->network_allow_list = absl::StrJoin(cidrs, ",");
+  p->domain_allow_list = absl::StrJoin(domains, ",");
+  return absl::OkStatus();
 }
 
 absl::StatusOr<SandboxDto> ParseSandbox(absl::string_view text) {

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "adapters/api/network_policy.h"
 
 namespace sandbox {
 namespace daytona {
@@ -30,8 +31,18 @@ struct CreateParams {
   int64_t cpu = 0;
   int64_t memory_gib = 0;
   int64_t disk_gib = 0;
+  // Egress (MapNetwork); unset = not sent (Daytona's default).
+  std::optional<bool> network_block_all;
+  std::string network_allow_list;  // comma-separated CIDRs
+  std::string domain_allow_list;   // comma-separated domains
 };
 std::string CreateSandboxBody(const CreateParams& p);
+
+// A network policy as Daytona takes it (docs/network.md#e2b-and-daytona):
+// networkBlockAll, networkAllowList (CIDRs) and domainAllowList. The
+// default policy sets nothing. FAILED_PRECONDITION naming the first rule it
+// cannot express: a port, a host entry, a cap, a deny_out rule.
+absl::Status MapNetwork(const NetworkPolicy& policy, CreateParams* p);
 
 // The fields of a Sandbox DTO the broker uses.
 struct SandboxDto {

@@ -292,6 +292,21 @@ class E2BSandbox final : public Sandbox {
     return EnsureTtl(ttl_);
   }
 
+  // E2B's network update, as the SDK's updateNetwork sends it: the whole
+  // rule set replaced.
+  absl::Status UpdateNetwork(const NetworkPolicy& policy) override {
+    RETURN_IF_ERROR(CheckOpen());
+    ASSIGN_OR_RETURN(e2b::Network n, e2b::MapNetwork(policy));
+    absl::StatusOr<HttpResponse> resp = provider_->ControlRequest(
+        "PUT", absl::StrCat("/sandboxes/", id(), "/network"), e2b::NetworkUpdateBody(n));
+    if (!resp.ok()) return resp.status();
+    if (resp->status == 404) {
+      return SandboxGoneError(absl::StrCat("e2b: sandbox ", id(), " no longer exists"));
+    }
+    if (resp->status / 100 != 2) return e2b::HttpError("update network", resp->status, resp->body);
+    return absl::OkStatus();
+  }
+
   // The same three on the HTTP client's multi handle: the timeout
   // extension (when due), then the transfer, no thread waiting for either.
   void WriteFileAsync(std::string path, std::string data, StatusDone done) override {
@@ -622,7 +637,6 @@ void E2BProvider::ControlRequestAsync(const std::string& method, const std::stri
 
 absl::StatusOr<std::string> E2BProvider::CreateBody(const SandboxSpec& spec,
                                                     int64_t* timeout_out) const {
-  RETURN_IF_ERROR(RefuseNetworkPolicy("e2b", spec.network));
   if (!spec.resources.empty()) {
     return absl::FailedPreconditionError(
         "e2b: spec.resources cannot be set: an E2B sandbox's CPU, memory and disk are decided "
@@ -646,7 +660,12 @@ absl::StatusOr<std::string> E2BProvider::CreateBody(const SandboxSpec& spec,
   const std::string template_id =
       spec.template_name.empty() ? config_.template_id : spec.template_name;
   *timeout_out = timeout;
-  return e2b::CreateSandboxBody(template_id, timeout, metadata, spec.env);
+  // No rules: E2B's own default (internet access), as before rules existed.
+  std::optional<e2b::Network> network;
+  if (!spec.network.IsDefault()) {
+    ASSIGN_OR_RETURN(network, e2b::MapNetwork(spec.network));
+  }
+  return e2b::CreateSandboxBody(template_id, timeout, metadata, spec.env, network);
 }
 
 absl::StatusOr<std::unique_ptr<Sandbox>> E2BProvider::Created(const SandboxSpec& spec,

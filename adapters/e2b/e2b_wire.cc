@@ -40,14 +40,62 @@ absl::StatusOr<std::optional<Envelope>> EnvelopeReader::Next(size_t max_frame) {
   return std::optional<Envelope>(std::move(e));
 }
 
+absl::StatusOr<Network> MapNetwork(const NetworkPolicy& p) {
+  auto cannot = [](const std::string& what, absl::string_view why) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("e2b: spec.network ", what, " cannot be enforced on E2B (", why, ")"));
+  };
+  if (!p.hosts.empty())
+    return cannot(absl::StrCat("hosts.", p.hosts.begin()->first), "no host entries");
+  if (p.max_connections > 0) return cannot("max_connections", "no connection cap");
+  if (p.max_bytes_per_second > 0) return cannot("max_bytes_per_second", "no bandwidth cap");
+  Network n;
+  for (const auto* rules : {&p.allow_out, &p.deny_out}) {
+    for (const NetRule& r : *rules) {
+      if (r.port != 0) return cannot(absl::StrCat("\"", r.text, "\""), "its rules take no port");
+      (rules == &p.allow_out ? n.allow_out : n.deny_out).push_back(r.text);
+    }
+  }
+  if (p.allow_all) {
+    n.allow_out.clear();
+    n.allow_internet_access = true;
+    return n;
+  }
+  if (!n.allow_out.empty() && !n.deny_out.empty()) {
+    return cannot(absl::StrCat("deny_out \"", n.deny_out[0], "\" beside allow_out"),
+                  "its allow rules win over its deny rules");
+  }
+  // Everything not allowed is denied.
+  n.deny_out = {"0.0.0.0/0"};
+  return n;
+}
+
+std::string NetworkUpdateBody(const Network& n) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  if (!n.allow_out.empty()) j["allowOut"] = n.allow_out;
+  if (!n.deny_out.empty()) j["denyOut"] = n.deny_out;
+  if (n.allow_internet_access) j["allow_internet_access"] = *n.allow_internet_access;
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 std::string CreateSandboxBody(const std::string& template_id, int64_t timeout_seconds,
                               const std::map<std::string, std::string>& metadata,
-                              const std::map<std::string, std::string>& env_vars) {
+                              const std::map<std::string, std::string>& env_vars,
+                              const std::optional<Network>& network) {
   nlohmann::ordered_json j;
   j["templateID"] = template_id;
   if (!metadata.empty()) j["metadata"] = metadata;
   if (!env_vars.empty()) j["envVars"] = env_vars;
   if (timeout_seconds > 0) j["timeout"] = timeout_seconds;
+  if (network) {
+    if (network->allow_internet_access) {
+      j["allow_internet_access"] = *network->allow_internet_access;
+    }
+    nlohmann::ordered_json rules = nlohmann::ordered_json::object();
+    if (!network->allow_out.empty()) rules["allowOut"] = network->allow_out;
+    if (!network->deny_out.empty()) rules["denyOut"] = network->deny_out;
+    if (!rules.empty()) j["network"] = std::move(rules);
+  }
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 

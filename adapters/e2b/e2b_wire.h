@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "adapters/api/network_policy.h"
 
 namespace sandbox {
 namespace e2b {
@@ -43,9 +44,27 @@ class EnvelopeReader {
 };
 
 // POST /v2/sandboxes body (NewSandboxV2).
+// A network policy as E2B takes it (docs/network.md#e2b-and-daytona):
+// `allowOut` (domains, IPs, CIDRs) and `denyOut` (IPs, CIDRs), where an
+// allow entry wins over a deny entry, and `allow_internet_access`.
+struct Network {
+  std::optional<bool> allow_internet_access;
+  std::vector<std::string> allow_out;
+  std::vector<std::string> deny_out;
+};
+// FAILED_PRECONDITION naming the first rule E2B cannot express: a port,
+// a host entry, a connection or bandwidth cap, deny_out beside allow_out
+// (E2B would let the allow rules win). The default policy is everything
+// denied here: a caller that wants the provider's default sends nothing.
+absl::StatusOr<Network> MapNetwork(const NetworkPolicy& p);
+// The body of PUT /sandboxes/{id}/network (omitted fields are cleared).
+std::string NetworkUpdateBody(const Network& n);
+
+// `network` unset: the fields are left out (E2B's default).
 std::string CreateSandboxBody(const std::string& template_id, int64_t timeout_seconds,
                               const std::map<std::string, std::string>& metadata,
-                              const std::map<std::string, std::string>& env_vars);
+                              const std::map<std::string, std::string>& env_vars,
+                              const std::optional<Network>& network = std::nullopt);
 
 // The fields of a Sandbox object the broker uses.
 struct SandboxInfo {

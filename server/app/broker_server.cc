@@ -570,11 +570,13 @@ struct NetworkEventSink {
   absl::Mutex mu;
   Metrics* metrics ABSL_GUARDED_BY(mu) = nullptr;
   AuditLog* audit ABSL_GUARDED_BY(mu) = nullptr;
+  UsageMeter* usage ABSL_GUARDED_BY(mu) = nullptr;
 
   void Close() {
     absl::MutexLock l(&mu);
     metrics = nullptr;
     audit = nullptr;
+    usage = nullptr;
   }
 
   // Metered always; audited when denied. Identifiers and the broker's own
@@ -584,6 +586,11 @@ struct NetworkEventSink {
     if (metrics == nullptr) return;
     if (e.kind == NetworkEvent::Kind::kClosed) {
       metrics->EgressBytes(provider, e.bytes_out, e.bytes_in);
+      if (usage != nullptr) {
+        UsageCounters d;
+        d.egress_bytes = e.bytes_out + e.bytes_in;
+        usage->Record(e.tenant, provider, d);
+      }
       return;
     }
     const bool dns = e.kind == NetworkEvent::Kind::kDns;
@@ -608,6 +615,7 @@ void BrokerServer::HookProviders() {
     absl::MutexLock l(&network_sink_->mu);
     network_sink_->metrics = metrics_.get();
     network_sink_->audit = audit_.get();
+    network_sink_->usage = usage_.get();
   }
   std::vector<int> ports = {port_};
   if (admin_port_ > 0) ports.push_back(admin_port_);

@@ -103,16 +103,20 @@ void BrokerCore::UpdateSessionNetworkAsync(const CallContext& ctx,
              [this, ctx, session_id = req.session_id(), network = *std::move(network),
               done](absl::StatusOr<Lease> lease) {
                if (!lease.ok()) return done(lease.status());
-               // A swap of the rules the egress point reads: no I/O.
-               absl::Status s = lease->sandbox()->UpdateNetwork(network);
-               lease->Release();
-               if (s.ok()) s = sessions_->SetNetwork(ctx.tenant, session_id, network);
-               if (!s.ok()) return done(s);
-               absl::StatusOr<SessionView> v = sessions_->Get(ctx.tenant, session_id);
-               if (!v.ok()) return done(v.status());
-               pb::SessionInfo info;
-               ToInfo(*v, &info);
-               done(std::move(info));
+               // Local: a swap of the rules its egress point reads; a remote
+               // provider: an HTTP call, so on the blocking pool.
+               auto held = std::make_shared<Lease>(*std::move(lease));
+               blocking_pool()->Submit([this, ctx, session_id, network, done, held] {
+                 absl::Status s = held->sandbox()->UpdateNetwork(network);
+                 held->Release();
+                 if (s.ok()) s = sessions_->SetNetwork(ctx.tenant, session_id, network);
+                 if (!s.ok()) return done(s);
+                 absl::StatusOr<SessionView> v = sessions_->Get(ctx.tenant, session_id);
+                 if (!v.ok()) return done(v.status());
+                 pb::SessionInfo info;
+                 ToInfo(*v, &info);
+                 done(std::move(info));
+               });
              });
 }
 

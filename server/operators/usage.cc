@@ -21,7 +21,10 @@ struct UsageMeter::Families {
         oom_kills(Build(r, "sandbox_broker_tenant_oom_kills_total",
                         "Runs hit by the memory limit, per tenant and provider")),
         quota_refusals(Build(r, "sandbox_broker_tenant_quota_refusals_total",
-                             "Calls refused by a quota or rate, per tenant and provider")) {}
+                             "Calls refused by a quota or rate, per tenant and provider")),
+        egress_bytes(Build(r, "sandbox_broker_tenant_egress_bytes_total",
+                           "Bytes through sandboxes' egress points (both ways), per tenant and "
+                           "provider")) {}
   static prometheus::Family<prometheus::Counter>& Build(prometheus::Registry& r, const char* name,
                                                         const char* help) {
     return prometheus::BuildCounter().Name(name).Help(help).Register(r);
@@ -35,6 +38,7 @@ struct UsageMeter::Families {
   prometheus::Family<prometheus::Counter>& file_bytes;
   prometheus::Family<prometheus::Counter>& oom_kills;
   prometheus::Family<prometheus::Counter>& quota_refusals;
+  prometheus::Family<prometheus::Counter>& egress_bytes;
 };
 
 UsageMeter::UsageMeter(prometheus::Registry* registry, UsageStore* store, absl::Time since)
@@ -77,6 +81,7 @@ void UsageMeter::Record(const std::string& tenant, const std::string& provider,
   inc(families_->file_bytes, static_cast<double>(d.file_transfer_bytes));
   inc(families_->oom_kills, static_cast<double>(d.oom_kills));
   inc(families_->quota_refusals, static_cast<double>(d.quota_refusals));
+  inc(families_->egress_bytes, static_cast<double>(d.egress_bytes));
 }
 
 namespace {

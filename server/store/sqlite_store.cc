@@ -140,7 +140,15 @@ class SqliteStore final : public SessionStore {
         " sandbox_seconds REAL NOT NULL, cpu_seconds REAL NOT NULL,"
         " output_bytes INTEGER NOT NULL, file_transfer_bytes INTEGER NOT NULL,"
         " oom_kills INTEGER NOT NULL, quota_refusals INTEGER NOT NULL,"
-        " PRIMARY KEY(tenant, provider))"));
+        " egress_bytes INTEGER NOT NULL DEFAULT 0, PRIMARY KEY(tenant, provider))"));
+    // egress_bytes came later still: a table from before gets the column.
+    Stmt has_egress(db_,
+                    "SELECT COUNT(*) FROM pragma_table_info('usage') WHERE name = 'egress_bytes'");
+    if (has_egress.Step() != SQLITE_ROW) return Error("read the usage table's columns");
+    if (has_egress.ColInt(0) == 0) {
+      RETURN_IF_ERROR(
+          ExecLocked("ALTER TABLE usage ADD COLUMN egress_bytes INTEGER NOT NULL DEFAULT 0"));
+    }
     Stmt put_created(db_, "INSERT OR IGNORE INTO meta(key, value) VALUES ('created_at_us', ?1)");
     put_created.Text(1, absl::StrCat(ToMicros(absl::Now())));
     if (put_created.Step() != SQLITE_DONE) return Error("init created_at");
@@ -330,7 +338,8 @@ class SqliteStore final : public SessionStore {
       Stmt s(db_,
              "INSERT INTO usage(tenant, provider, sessions_created, runs, run_seconds,"
              " sandbox_seconds, cpu_seconds, output_bytes, file_transfer_bytes, oom_kills,"
-             " quota_refusals) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+             " quota_refusals, egress_bytes)"
+             " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
              " ON CONFLICT(tenant, provider) DO UPDATE SET"
              " sessions_created = sessions_created + excluded.sessions_created,"
              " runs = runs + excluded.runs, run_seconds = run_seconds + excluded.run_seconds,"
@@ -339,7 +348,8 @@ class SqliteStore final : public SessionStore {
              " output_bytes = output_bytes + excluded.output_bytes,"
              " file_transfer_bytes = file_transfer_bytes + excluded.file_transfer_bytes,"
              " oom_kills = oom_kills + excluded.oom_kills,"
-             " quota_refusals = quota_refusals + excluded.quota_refusals");
+             " quota_refusals = quota_refusals + excluded.quota_refusals,"
+             " egress_bytes = egress_bytes + excluded.egress_bytes");
       const UsageCounters& c = d.counters;
       s.Text(1, d.tenant)
           .Text(2, d.provider)
@@ -351,7 +361,8 @@ class SqliteStore final : public SessionStore {
           .Int(8, c.output_bytes)
           .Int(9, c.file_transfer_bytes)
           .Int(10, c.oom_kills)
-          .Int(11, c.quota_refusals);
+          .Int(11, c.quota_refusals)
+          .Int(12, c.egress_bytes);
       if (s.Step() != SQLITE_DONE) {
         absl::Status e = Error("add usage");
         (void)ExecLocked("ROLLBACK");
@@ -365,8 +376,8 @@ class SqliteStore final : public SessionStore {
     absl::MutexLock l(&mu_);
     Stmt s(db_,
            "SELECT tenant, provider, sessions_created, runs, run_seconds, sandbox_seconds,"
-           " cpu_seconds, output_bytes, file_transfer_bytes, oom_kills, quota_refusals"
-           " FROM usage");
+           " cpu_seconds, output_bytes, file_transfer_bytes, oom_kills, quota_refusals,"
+           " egress_bytes FROM usage");
     std::vector<UsageRow> out;
     int rc;
     while ((rc = s.Step()) == SQLITE_ROW) {
@@ -382,6 +393,7 @@ class SqliteStore final : public SessionStore {
       r.counters.file_transfer_bytes = s.ColInt(8);
       r.counters.oom_kills = s.ColInt(9);
       r.counters.quota_refusals = s.ColInt(10);
+      r.counters.egress_bytes = s.ColInt(11);
       out.push_back(std::move(r));
     }
     if (rc != SQLITE_DONE) return Error("load usage");

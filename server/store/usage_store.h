@@ -30,6 +30,7 @@ struct UsageCounters {
   int64_t file_transfer_bytes = 0;
   int64_t oom_kills = 0;
   int64_t quota_refusals = 0;
+  int64_t egress_bytes = 0;  // through a sandbox's egress point, both ways
 
   void Add(const UsageCounters& d) {
     sessions_created += d.sessions_created;
@@ -41,6 +42,7 @@ struct UsageCounters {
     file_transfer_bytes += d.file_transfer_bytes;
     oom_kills += d.oom_kills;
     quota_refusals += d.quota_refusals;
+    egress_bytes += d.egress_bytes;
   }
 };
 

@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "adapters/local/local_provider.h"
@@ -41,6 +42,9 @@ struct Box {
   int64_t auto_stop = 15;                 // minutes, 0 = disabled
   int64_t auto_delete = -1;               // minutes, <0 = disabled, 0 = on stop
   int64_t cpu = 1, memory = 1, disk = 3;  // as asked for (CPUs, GiB, GiB), else these
+  // Egress as asked for (recorded, not enforced).
+  bool network_block_all = false;
+  std::string network_allow_list, domain_allow_list;
   absl::Time created_wall;
   absl::Time last_activity;  // monotonic
   absl::Time stopped_at;     // monotonic
@@ -191,6 +195,16 @@ class FakeDaytona::Impl {
     auto it = boxes_.find(id);
     return it == boxes_.end() ? std::map<std::string, std::string>() : it->second->labels;
   }
+  std::string Network(const std::string& id) const {
+    absl::MutexLock l(&mu_);
+    auto it = boxes_.find(id);
+    if (it == boxes_.end()) return "";
+    const Box& b = *it->second;
+    return ojson{{"networkBlockAll", b.network_block_all},
+                 {"networkAllowList", b.network_allow_list},
+                 {"domainAllowList", b.domain_allow_list}}
+        .dump();
+  }
   std::string State(const std::string& id) const {
     absl::MutexLock l(&mu_);
     auto it = boxes_.find(id);
@@ -249,7 +263,7 @@ class FakeDaytona::Impl {
             {"env", b.env},
             {"labels", b.labels},
             {"public", false},
-            {"networkBlockAll", false},
+            {"networkBlockAll", b.network_block_all},
             {"target", b.target},
             {"cpu", b.cpu},
             {"gpu", 0},
@@ -266,7 +280,9 @@ class FakeDaytona::Impl {
             {"updatedAt", Timestamp(options_.clock->Now())},
             {"lastActivityAt", Timestamp(last_wall)},
             {"daemonVersion", "fake"},
-            {"toolboxProxyUrl", ToolboxUrl()}};
+            {"toolboxProxyUrl", ToolboxUrl()},
+            {"networkAllowList", b.network_allow_list},
+            {"domainAllowList", b.domain_allow_list}};
   }
 
   void Reply(httplib::Response& res, int status, const ojson& j) {
@@ -304,6 +320,27 @@ class FakeDaytona::Impl {
       if (body.contains("labels")) {
         for (auto it = body["labels"].begin(); it != body["labels"].end(); ++it) {
           if (it.value().is_string()) b->labels[it.key()] = it.value().get<std::string>();
+        }
+      }
+      if (body.contains("networkBlockAll")) {
+        if (!body["networkBlockAll"].is_boolean()) {
+          return ApiError(res, 400, "networkBlockAll must be a boolean");
+        }
+        b->network_block_all = body["networkBlockAll"].get<bool>();
+      }
+      for (auto [key, field] :
+           {std::pair<const char*, std::string*>{"networkAllowList", &b->network_allow_list},
+            {"domainAllowList", &b->domain_allow_list}}) {
+        if (!body.contains(key)) continue;
+        if (!body[key].is_string())
+          return ApiError(res, 400, absl::StrCat(key, " must be a string"));
+        *field = body[key].get<std::string>();
+      }
+      // Daytona takes CIDRs only in networkAllowList.
+      for (absl::string_view cidr : absl::StrSplit(b->network_allow_list, ',', absl::SkipEmpty())) {
+        const size_t slash = cidr.find('/');
+        if (slash == absl::string_view::npos || !IpAddress::Parse(cidr.substr(0, slash))) {
+          return ApiError(res, 400, absl::StrCat("networkAllowList: \"", cidr, "\" is not a CIDR"));
         }
       }
       if (body.contains("autoStopInterval") && body["autoStopInterval"].is_number_integer()) {
@@ -671,6 +708,7 @@ void FakeDaytona::set_stuck_starting(bool stuck) { impl_->set_stuck(stuck); }
 int FakeDaytona::ApplyTimersNow() { return impl_->ApplyTimers(); }
 bool FakeDaytona::Vanish(const std::string& id) { return impl_->Vanish(id); }
 int FakeDaytona::live_sandboxes() const { return impl_->live(); }
+std::string FakeDaytona::network(const std::string& id) const { return impl_->Network(id); }
 std::map<std::string, std::string> FakeDaytona::labels(const std::string& id) const {
   return impl_->Labels(id);
 }

@@ -47,6 +47,9 @@ class FakeDaytona {
   bool Vanish(const std::string& id);
   int live_sandboxes() const;  // not yet deleted
   std::map<std::string, std::string> labels(const std::string& id) const;
+  // A sandbox's egress fields as created: {networkBlockAll,
+  // networkAllowList, domainAllowList}.
+  std::string network(const std::string& id) const;
   // "started", "stopped", ... or "" when deleted.
   std::string state(const std::string& id) const;
   int64_t auto_stop_minutes(const std::string& id) const;

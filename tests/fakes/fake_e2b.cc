@@ -49,6 +49,10 @@ struct FakeSandbox {
   std::string template_id;
   std::string access_token;
   std::map<std::string, std::string> metadata;
+  // Egress rules as E2B echoes them (guarded by the fake's mutex): the
+  // `network` object ({allowOut, denyOut}) and allow_internet_access.
+  nlohmann::ordered_json network;
+  std::optional<bool> allow_internet;
   absl::Time started_wall;
   absl::Time end_mono;  // TTL deadline
   absl::Time end_wall;
@@ -197,6 +201,15 @@ class FakeE2B::Impl {
     auto it = sandboxes_.find(id);
     return it == sandboxes_.end() ? std::map<std::string, std::string>() : it->second->metadata;
   }
+  std::string Network(const std::string& id) const {
+    absl::MutexLock l(&mu_);
+    auto it = sandboxes_.find(id);
+    if (it == sandboxes_.end()) return "";
+    ojson j = ojson::object();
+    if (!it->second->network.is_null()) j["network"] = it->second->network;
+    if (it->second->allow_internet) j["allow_internet_access"] = *it->second->allow_internet;
+    return j.dump();
+  }
   int64_t TtlLeft(const std::string& id) const {
     absl::MutexLock l(&mu_);
     auto it = sandboxes_.find(id);
@@ -283,7 +296,53 @@ class FakeE2B::Impl {
                {"endAt", ts(sb.end_wall)},
                {"state", "running"},
                {"metadata", sb.metadata}};
+    // The caller holds mu_ (the rules change under it).
+    if (!sb.network.is_null()) j["network"] = sb.network;
+    if (sb.allow_internet) j["allowInternetAccess"] = *sb.allow_internet;
     return j;
+  }
+
+  // E2B's egress fields of a create or update body: `network.allowOut`
+  // (CIDRs, IPs, domains) and `network.denyOut` (CIDRs and IPs only), and
+  // allow_internet_access. False with `error` set when malformed.
+  static bool ParseNetwork(const json& body, const json& rules, ojson* network,
+                           std::optional<bool>* allow_internet, std::string* error) {
+    if (body.contains("allow_internet_access")) {
+      if (!body["allow_internet_access"].is_boolean()) {
+        *error = "allow_internet_access must be a boolean";
+        return false;
+      }
+      *allow_internet = body["allow_internet_access"].get<bool>();
+    }
+    if (rules.is_null()) return true;
+    if (!rules.is_object()) {
+      *error = "network must be an object";
+      return false;
+    }
+    ojson out = ojson::object();
+    for (const char* key : {"allowOut", "denyOut"}) {
+      if (!rules.contains(key)) continue;
+      if (!rules[key].is_array()) {
+        *error = absl::StrCat("network.", key, " must be a list of strings");
+        return false;
+      }
+      for (const json& entry : rules[key]) {
+        if (!entry.is_string()) {
+          *error = absl::StrCat("network.", key, " must be a list of strings");
+          return false;
+        }
+        const std::string text = entry.get<std::string>();
+        const bool address = IpAddress::Parse(text.substr(0, text.find('/'))).has_value();
+        if (std::string(key) == "denyOut" && !address) {
+          *error = absl::StrCat("denyOut entry \"", text,
+                                "\": domain names are not supported for deny rules");
+          return false;
+        }
+      }
+      out[key] = rules[key];
+    }
+    *network = std::move(out);
+    return true;
   }
 
   void SetTtl(FakeSandbox* sb, int64_t seconds) {
@@ -312,6 +371,12 @@ class FakeE2B::Impl {
         return;
       }
       timeout = body["timeout"].get<int64_t>();
+    }
+    std::string bad;
+    if (!ParseNetwork(body, body.contains("network") ? body["network"] : json(), &sb->network,
+                      &sb->allow_internet, &bad)) {
+      ErrorReply(res, 400, bad);
+      return;
     }
     SandboxSpec spec;
     spec.session_id = sb->id;
@@ -403,8 +468,13 @@ class FakeE2B::Impl {
       if (!sb)
         return ErrorReply(res, 404,
                           absl::StrCat("sandbox \"", std::string(req.matches[1]), "\" not found"));
+      std::string detail;
+      {
+        absl::MutexLock l(&mu_);
+        detail = DetailJson(*sb).dump();
+      }
       res.status = 200;
-      res.set_content(DetailJson(*sb).dump(), "application/json");
+      res.set_content(detail, "application/json");
     });
     server_.Delete(R"(/sandboxes/([^/]+))", [this](const Request& req, Response& res) {
       if (Fault(req, res, true) || !CheckApiKey(req, res)) return;
@@ -414,6 +484,29 @@ class FakeE2B::Impl {
                           absl::StrCat("sandbox \"", std::string(req.matches[1]), "\" not found"));
       }
       ++faults_.deletes;
+      res.status = 204;
+    });
+    // The whole rule set replaced; an omitted field is cleared.
+    server_.Put(R"(/sandboxes/([^/]+)/network)", [this](const Request& req, Response& res) {
+      if (Fault(req, res, true) || !CheckApiKey(req, res)) return;
+      json body = json::parse(req.body, nullptr, false);
+      if (body.is_discarded() || !body.is_object()) {
+        return ErrorReply(res, 400, "body must be a JSON object");
+      }
+      ojson network;
+      std::optional<bool> allow_internet;
+      std::string bad;
+      if (!ParseNetwork(body, body, &network, &allow_internet, &bad)) {
+        return ErrorReply(res, 400, bad);
+      }
+      absl::MutexLock l(&mu_);
+      auto it = sandboxes_.find(req.matches[1]);
+      if (it == sandboxes_.end()) {
+        return ErrorReply(res, 404,
+                          absl::StrCat("sandbox \"", std::string(req.matches[1]), "\" not found"));
+      }
+      it->second->network = network.empty() ? ojson() : network;
+      it->second->allow_internet = allow_internet;
       res.status = 204;
     });
     server_.Post(R"(/sandboxes/([^/]+)/timeout)", [this](const Request& req, Response& res) {
@@ -750,6 +843,7 @@ std::map<std::string, std::string> FakeE2B::metadata(const std::string& id) cons
   return impl_->Metadata(id);
 }
 int64_t FakeE2B::ttl_left_seconds(const std::string& id) const { return impl_->TtlLeft(id); }
+std::string FakeE2B::network(const std::string& id) const { return impl_->Network(id); }
 int64_t FakeE2B::requests() const { return impl_->requests(); }
 int64_t FakeE2B::connections() const { return impl_->connections(); }
 

@@ -51,6 +51,9 @@ class FakeE2B {
   // A live sandbox's metadata and seconds left before its TTL kills it.
   std::map<std::string, std::string> metadata(const std::string& sandbox_id) const;
   int64_t ttl_left_seconds(const std::string& sandbox_id) const;
+  // A live sandbox's egress rules as recorded: {"network": {allowOut,
+  // denyOut}, "allow_internet_access": bool}, each only if given.
+  std::string network(const std::string& sandbox_id) const;
   // Requests seen, and distinct client connections they came on, so far.
   int64_t requests() const;
   int64_t connections() const;

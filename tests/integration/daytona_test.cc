@@ -42,21 +42,37 @@ pb::SessionSpec Lang(pb::Language l) {
   return s;
 }
 
-TEST_F(DaytonaTest, NetworkRulesAreRefusedNeverDropped) {
+TEST_F(DaytonaTest, NetworkRulesGoIntoTheCreateBodyOrAreRefused) {
   // Wider than the tenant allows (nothing): refused before the provider.
   pb::SessionSpec spec;
   spec.mutable_network()->add_allow_out("10.0.0.0/8");
   auto wide = Client("dtn-net", "token-alpha-123", spec)->Start();
   EXPECT_EQ(wide.status().code(), absl::StatusCode::kPermissionDenied) << wide.status();
-  // The provider's default allows it, but the provider cannot enforce it.
+  // The provider's default allows them: Daytona's allow lists, as its SDK
+  // sends them (tests/conformance/daytona).
   server_.reset();
   nlohmann::json extra = extra_;
-  extra["providers"]["daytona"]["network"] = {{"allow_out", nlohmann::json::array({"10.0.0.0/8"})}};
+  extra["providers"]["daytona"]["network"] = {
+      {"allow_out", nlohmann::json::array({"10.0.0.0/8", "1.2.3.4", "pypi.org"})}};
   StartBroker(extra.dump());
-  auto r = Client("dtn-net")->Start();
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(r.status().message().find("spec.network"), std::string::npos) << r.status();
+  auto info = Client("dtn-net")->Start();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(fake_->network(info->sandbox_id()),
+            R"({"networkBlockAll":false,"networkAllowList":"10.0.0.0/8,1.2.3.4/32",)"
+            R"("domainAllowList":"pypi.org"})");
+  // What Daytona cannot express is refused naming it, never dropped.
+  pb::SessionSpec port;
+  port.mutable_network()->add_allow_out("10.0.0.0/8:5432");
+  auto refused = Client("dtn-port", "token-alpha-123", port)->Start();
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("\"10.0.0.0/8:5432\""), std::string::npos)
+      << refused.status();
+  // Daytona has no live update.
+  pb::UpdateSessionNetworkRequest up;
+  up.set_session_id("dtn-net");
+  pb::SessionInfo updated;
+  EXPECT_EQ(stub_->UpdateSessionNetwork(Ctx().get(), up, &updated).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
 }
 
 TEST_F(DaytonaTest, RunsCodeInTheSessionsLanguageAndShellCommands) {

@@ -49,21 +49,39 @@ TEST_F(E2BTest, ResourcesAreRefusedBecauseTheTemplateDecides) {
   EXPECT_NE(r.status().message().find("template"), absl::string_view::npos) << r.status();
 }
 
-TEST_F(E2BTest, NetworkRulesAreRefusedNeverDropped) {
+TEST_F(E2BTest, NetworkRulesGoIntoTheCreateBodyAndLiveUpdates) {
   // Wider than the tenant allows (nothing): refused before the provider.
   pb::SessionSpec spec;
   spec.mutable_network()->add_allow_out("pypi.org");
   auto wide = Client("e2b-net", "token-alpha-123", spec)->Start();
   EXPECT_EQ(wide.status().code(), absl::StatusCode::kPermissionDenied) << wide.status();
-  // The provider's default allows it, but the provider cannot enforce it.
+  // The provider's default allows them: E2B's allowOut, everything else
+  // denied, as the SDK sends it (tests/conformance/e2b).
   server_.reset();
   nlohmann::json extra = extra_;
-  extra["providers"]["e2b"]["network"] = {{"allow_out", nlohmann::json::array({"pypi.org"})}};
+  extra["providers"]["e2b"]["network"] = {
+      {"allow_out", nlohmann::json::array({"pypi.org", "*.pythonhosted.org"})}};
   StartBroker(extra.dump());
-  auto r = Client("e2b-net")->Start();
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(r.status().message().find("spec.network"), std::string::npos) << r.status();
+  auto info = Client("e2b-net")->Start();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(
+      fake_->network(info->sandbox_id()),
+      R"({"network":{"allowOut":["pypi.org","*.pythonhosted.org"],"denyOut":["0.0.0.0/0"]}})");
+  pb::UpdateSessionNetworkRequest up;
+  up.set_session_id("e2b-net");
+  up.mutable_network()->add_allow_out("pypi.org");
+  pb::SessionInfo updated;
+  ASSERT_TRUE(stub_->UpdateSessionNetwork(Ctx().get(), up, &updated).ok());
+  EXPECT_EQ(fake_->network(info->sandbox_id()),
+            R"({"network":{"allowOut":["pypi.org"],"denyOut":["0.0.0.0/0"]}})");
+  EXPECT_EQ(updated.network().allow_out_size(), 1);
+  // What E2B cannot express is refused naming it, never dropped.
+  pb::SessionSpec port;
+  port.mutable_network()->add_allow_out("pypi.org:443");
+  auto refused = Client("e2b-port", "token-alpha-123", port)->Start();
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("\"pypi.org:443\""), std::string::npos)
+      << refused.status();
 }
 
 TEST_F(E2BTest, RunsCodeOfAnyBytesInEachLanguage) {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "adapters/http/http_client.h"
+#include "client/remote_admin.h"
 #include "grpcpp/create_channel.h"
 #include "sandboxbroker/v1/broker.grpc.pb.h"
 #include "server/app/broker_server.h"
@@ -27,6 +29,18 @@ namespace {
 
 constexpr char kNetAlpha[] = "net-token-alpha";
 constexpr char kNetBeta[] = "net-token-beta";
+constexpr char kNetAdmin[] = "net-token-admin";
+
+// Polls `done` until it holds or 10 s pass: a relay counts a connection's
+// bytes when it ends, just after the client has its answer.
+bool Eventually(const std::function<bool()>& done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
 
 class NetworkApiTest : public ::testing::Test {
  protected:
@@ -44,7 +58,9 @@ class NetworkApiTest : public ::testing::Test {
         {"default_provider", "local"},
         // Its own store, never the default path (parallel runs).
         {"state", {{"backend", "sqlite"}, {"path", dir_.path() + "/state/state.db"}}},
-        {"auth", {{"tokens", {{kNetAlpha, "alpha"}, {kNetBeta, "beta"}}}}},
+        {"auth",
+         {{"tokens", {{kNetAlpha, "alpha"}, {kNetBeta, "beta"}}},
+          {"admin_tokens", {{kNetAdmin, "ops"}}}}},
         {"providers", {{"local", {{"workspace_root", dir_.path() + "/ws"}, {"uid_base", 650000}}}}},
         {"tenants",
          {{"alpha",
@@ -68,8 +84,9 @@ class NetworkApiTest : public ::testing::Test {
     auto server = BrokerServer::Start(*config, std::move(*providers), o);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
-    stub_ = pb::SandboxBroker::NewStub(grpc::CreateChannel(
-        absl::StrCat("127.0.0.1:", server_->port()), grpc::InsecureChannelCredentials()));
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                   grpc::InsecureChannelCredentials());
+    stub_ = pb::SandboxBroker::NewStub(channel_);
   }
 
   void TearDown() override {
@@ -133,6 +150,7 @@ class NetworkApiTest : public ::testing::Test {
   absl::Mutex mu_;
   std::vector<std::string> audit_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<BrokerServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::SandboxBroker::Stub> stub_;
 };
 
@@ -216,15 +234,28 @@ TEST_F(NetworkApiTest, LiveUpdatesStayWithinTheTenantsRulesAndAreMeteredAndAudit
   HttpClient http("test");
   HttpRequest req;
   req.url = absl::StrCat("http://127.0.0.1:", server_->admin_port(), "/metrics");
-  auto scraped = http.Send(req);
-  ASSERT_TRUE(scraped.ok());
-  EXPECT_TRUE(absl::StrContains(scraped->body,
+  std::string body;
+  EXPECT_TRUE(Eventually([&] {
+    auto scraped = http.Send(req);
+    body = scraped.ok() ? scraped->body : "";
+    return absl::StrContains(body, "sandbox_broker_egress_bytes_total{direction=\"in\"");
+  })) << body;
+  EXPECT_TRUE(absl::StrContains(body,
                                 "sandbox_broker_egress_connections_total{decision=\"allowed\","
                                 "kind=\"connection\",provider=\"local\"}"))
-      << scraped->body;
-  EXPECT_TRUE(
-      absl::StrContains(scraped->body, "sandbox_broker_egress_bytes_total{direction=\"in\""))
-      << scraped->body;
+      << body;
+  // And in the tenant's usage.
+  auto admin = RemoteAdmin::Connect(channel_, kNetAdmin);
+  int64_t egress = 0;
+  EXPECT_TRUE(Eventually([&] {
+    auto usage = admin->GetUsage("alpha");
+    egress = 0;
+    if (usage.ok()) {
+      for (const auto& u : usage->usage()) egress += u.egress_bytes();
+    }
+    return egress > 0;
+  }));
+  EXPECT_GT(egress, 100);  // a request and its answer
 }
 
 TEST_F(NetworkApiTest, AReloadReachesRunningSessionsOnlyWhenItsRuleSaysSo) {

@@ -1,6 +1,7 @@
 #include "server/store/session_store.h"
 
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -126,6 +127,7 @@ TEST_P(StoreContractTest, UsageAddsDeltasToTheirRow) {
   b.runs = 1;
   b.cpu_seconds = 0.25;
   b.quota_refusals = 3;
+  b.egress_bytes = 4096;
   ASSERT_TRUE(store_->AddUsage({{"alpha", "echo", a}, {"beta", "-", b}}).ok());
   ASSERT_TRUE(store_->AddUsage({{"alpha", "echo", b}}).ok());
   auto rows = store_->LoadUsage();
@@ -139,6 +141,7 @@ TEST_P(StoreContractTest, UsageAddsDeltasToTheirRow) {
   EXPECT_DOUBLE_EQ(ae.cpu_seconds, 0.25);
   EXPECT_EQ(ae.output_bytes, 10);
   EXPECT_EQ(ae.quota_refusals, 3);
+  EXPECT_EQ(ae.egress_bytes, 4096);
   EXPECT_EQ(by[UsageKey("beta", "-")].quota_refusals, 3);
   EXPECT_NE(store_->created_at(), absl::InfinitePast());
 }
@@ -173,6 +176,36 @@ TEST(SqliteStoreTest, ReopenKeepsRowsAndTheDeploymentId) {
   auto s = OpenSqliteStore(path);
   ASSERT_TRUE(s.ok());
   EXPECT_EQ((*s)->deployment_id(), "prod-eu");
+}
+
+// A store from before usage counted egress bytes: its table gains the
+// column, and its rows keep their counts with 0 egress bytes.
+TEST(SqliteStoreTest, AUsageTableFromBeforeGainsEgressBytes) {
+  TempDir dir;
+  const std::string path = dir.path() + "/state.db";
+  {
+    auto s = OpenSqliteStore(path);
+    ASSERT_TRUE(s.ok()) << s.status();
+    UsageCounters c;
+    c.runs = 5;
+    ASSERT_TRUE((*s)->AddUsage({{"alpha", "local", c}}).ok());
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(
+      sqlite3_exec(db, "ALTER TABLE usage DROP COLUMN egress_bytes", nullptr, nullptr, nullptr),
+      SQLITE_OK);
+  sqlite3_close(db);
+  auto s = OpenSqliteStore(path);
+  ASSERT_TRUE(s.ok()) << s.status();
+  UsageCounters more;
+  more.egress_bytes = 10;
+  ASSERT_TRUE((*s)->AddUsage({{"alpha", "local", more}}).ok());
+  auto rows = (*s)->LoadUsage();
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ(rows->size(), 1u);
+  EXPECT_EQ((*rows)[0].counters.runs, 5);
+  EXPECT_EQ((*rows)[0].counters.egress_bytes, 10);
 }
 
 // Buffered usage: Add() writes nothing; Flush() writes once; the totals

@@ -170,7 +170,8 @@ std::string UsageJson(const UsageRow& u) {
                {"output_bytes", c.output_bytes},
                {"file_transfer_bytes", c.file_transfer_bytes},
                {"oom_kills", c.oom_kills},
-               {"quota_refusals", c.quota_refusals}});
+               {"quota_refusals", c.quota_refusals},
+               {"egress_bytes", c.egress_bytes}});
 }
 
 absl::StatusOr<UsageRow> ParseUsage(const std::string& key, const std::string& text) {
@@ -188,6 +189,7 @@ absl::StatusOr<UsageRow> ParseUsage(const std::string& key, const std::string& t
   c.file_transfer_bytes = f.Int("file_transfer_bytes");
   c.oom_kills = f.Int("oom_kills");
   c.quota_refusals = f.Int("quota_refusals");
+  c.egress_bytes = f.Int("egress_bytes");  // absent in rows from before
   if (!f.status().ok()) return f.status();
   return u;
 }

@@ -221,6 +221,7 @@ grpc::Status AdminService::GetUsage(grpc::ServerContext* ctx, const pb::GetUsage
         u->set_file_transfer_bytes(c.file_transfer_bytes);
         u->set_oom_kills(c.oom_kills);
         u->set_quota_refusals(c.quota_refusals);
+        u->set_egress_bytes(c.egress_bytes);
       }
     };
     fill(d_.usage->Totals(req->tenant()), resp->mutable_usage());

@@ -84,6 +84,35 @@ TEST(Requests, BodiesMatchTheSdkCaptures) {
   EXPECT_EQ(CreateSandboxBody("base", 0, {}, {}), R"j({"templateID":"base"})j");
 }
 
+TEST(Requests, NetworkPoliciesMapOntoAllowOutAndDenyOut) {
+  auto policy = [](const char* j) {
+    return *ParseNetworkPolicy(nlohmann::json::parse(j), "network");
+  };
+  auto some =
+      MapNetwork(policy(R"({"allow_out": ["pypi.org", "*.pythonhosted.org", "10.0.0.0/8"]})"));
+  ASSERT_TRUE(some.ok()) << some.status();
+  EXPECT_EQ(
+      CreateSandboxBody("base", 0, {}, {}, *some),
+      R"j({"templateID":"base","network":{"allowOut":["pypi.org","*.pythonhosted.org","10.0.0.0/8"],"denyOut":["0.0.0.0/0"]}})j");
+  auto all = MapNetwork(policy(R"({"allow_all": true, "deny_out": ["203.0.113.0/24"]})"));
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(
+      CreateSandboxBody("base", 0, {}, {}, *all),
+      R"j({"templateID":"base","allow_internet_access":true,"network":{"denyOut":["203.0.113.0/24"]}})j");
+  auto none = MapNetwork(NetworkPolicy{});
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(NetworkUpdateBody(*none), R"j({"denyOut":["0.0.0.0/0"]})j");
+  for (const char* cannot :
+       {R"({"allow_out": ["pypi.org:443"]})", R"({"hosts": {"a.test": "127.0.0.1"}})",
+        R"({"allow_out": ["pypi.org"], "deny_out": ["10.0.0.0/8"]})", R"({"max_connections": 3})",
+        R"({"allow_all": true, "max_bytes_per_second": 10})"}) {
+    auto r = MapNetwork(policy(cannot));
+    ASSERT_FALSE(r.ok()) << cannot;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(r.status().message().find("spec.network"), std::string::npos) << r.status();
+  }
+}
+
 TEST(Sandbox, ParsesTheCreateResponse) {
   auto s = ParseSandbox(
       R"j({"sandboxID":"isbfake0001","clientID":"6532622b","templateID":"rki5dems9wqfm4r03t7g","alias":"base","envdVersion":"0.6.4","envdAccessToken":"envd-token-abc","domain":null,"trafficAccessToken":null})j");

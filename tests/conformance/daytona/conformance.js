@@ -64,6 +64,19 @@ async function main() {
     const tr = await ts.process.codeRun('const x: number = 1; console.log(x + 1)'.replace(': number', ''));
     check('codeRun typescript (plain JS subset)', tr.exitCode === 0 && tr.result === '2\n', tr);
 
+    // Egress fields (docs/network.md): what the SDK sends is what the fake
+    // records and echoes; the broker's adapter is checked against the same
+    // fake (tests/integration/daytona_test.cc).
+    const net = await daytona.create({ language: 'python', networkAllowList: '10.0.0.0/8,1.2.3.4/32',
+      domainAllowList: 'pypi.org' });
+    created.push(net);
+    const netGot = await daytona.get(net.id);
+    check('create with allow lists: get echoes them', netGot.networkAllowList === '10.0.0.0/8,1.2.3.4/32' &&
+      netGot.domainAllowList === 'pypi.org' && netGot.networkBlockAll === false, netGot);
+    await expectError('a domain in networkAllowList -> 400',
+      () => daytona.create({ language: 'python', networkAllowList: 'pypi.org' }), sdk.DaytonaError,
+      (e) => e.statusCode === 400);
+
     const got = await daytona.get(py.id);
     check('get', got.id === py.id && got.labels['code-toolbox-language'] === 'python' && got.labels.team === 'cpp', got.labels);
     const items = [];

@@ -70,6 +70,27 @@ async function main() {
     const page = await Sandbox.list({ ...opts, query: { metadata: { owner: 'cpp team' } } }).nextItems();
     check('list filters by metadata', page.length === 1 && page[0].sandboxId === sbx.sandboxId, page);
 
+    // Egress rules (docs/network.md): what the SDK sends is what the fake
+    // records and echoes; the broker's E2B adapter is checked against the
+    // same fake (tests/integration/e2b_test.cc).
+    const net = await Sandbox.create({ ...opts,
+      network: { allowOut: ['pypi.org', '*.pythonhosted.org', '10.0.0.0/8'], denyOut: [e2b.ALL_TRAFFIC] } });
+    const ni = await net.getInfo();
+    check('create with network: getInfo echoes allowOut and denyOut',
+      JSON.stringify(ni.network && ni.network.allowOut) === '["pypi.org","*.pythonhosted.org","10.0.0.0/8"]' &&
+      JSON.stringify(ni.network.denyOut) === '["0.0.0.0/0"]', ni.network);
+    await net.updateNetwork({ allowOut: ['example.com'], denyOut: [e2b.ALL_TRAFFIC] });
+    const nu = await net.getInfo();
+    check('updateNetwork replaces the rules',
+      JSON.stringify(nu.network && nu.network.allowOut) === '["example.com"]', nu.network);
+    await net.updateNetwork({ allowInternetAccess: true });
+    const open = await net.getInfo();
+    check('updateNetwork clears what it omits', open.network === undefined && open.allowInternetAccess === true,
+      open);
+    await expectError('a domain in denyOut -> 400', () => Sandbox.create({ ...opts,
+      network: { denyOut: ['example.com'] } }), e2b.SandboxError, (e) => e.statusCode === 400);
+    await net.kill();
+
     check('kill -> true', (await sbx.kill()) === true);
     check('kill again -> false', (await Sandbox.kill(sbx.sandboxId, opts)) === false);
     await expectError('a killed sandbox is gone for commands',
