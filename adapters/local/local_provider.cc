@@ -1907,12 +1907,11 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Start(const std::string&
   }
   if (!spec.network.IsDefault()) {
     if (egress_ == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "local: spec.network cannot be enforced on this host (", no_egress_,
-          "); sessions here have no network at all"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("local: spec.network cannot be enforced on this host (", no_egress_,
+                       "); sessions here have no network at all"));
     }
-    ASSIGN_OR_RETURN(parts.egress,
-                     egress_->Open({spec.tenant, spec.session_id, id}, spec.network));
+    ASSIGN_OR_RETURN(parts.egress, egress_->Open({spec.tenant, spec.session_id, id}, spec.network));
   }
   const int netns_fd = parts.egress != nullptr ? parts.egress->netns_fd() : -1;
   const std::vector<std::string> args =

@@ -130,8 +130,7 @@ class BrokerCore {
   // network rule changed and says apply_to_running get the new rule.
   // Returns how many did.
   int ApplyNetworkReload(const OperatorSnapshot& before, const OperatorSnapshot& after);
-  void UpdateSessionNetworkAsync(const CallContext& ctx,
-                                 const pb::UpdateSessionNetworkRequest& req,
+  void UpdateSessionNetworkAsync(const CallContext& ctx, const pb::UpdateSessionNetworkRequest& req,
                                  Done<pb::SessionInfo> done);
   void CloseSessionAsync(const CallContext& ctx, const pb::CloseSessionRequest& req,
                          Done<pb::CloseSessionResponse> done);
@@ -376,14 +375,12 @@ pb::Language FromLanguage(Language l);
 // Network policies (network.cc): the proto form, and back (INVALID_ARGUMENT
 // naming `where`).
 void NetworkToProto(const NetworkPolicy& p, pb::NetworkPolicy* out);
-absl::StatusOr<NetworkPolicy> NetworkFromProto(const pb::NetworkPolicy& p,
-                                               absl::string_view where);
+absl::StatusOr<NetworkPolicy> NetworkFromProto(const pb::NetworkPolicy& p, absl::string_view where);
 // What a new session may reach: `asked` (SessionSpec.network, if set)
 // narrowed within the ceiling, which is the tenant's `network` rule if it
 // has one, else the provider's default (providers.<name>.network), else
 // nothing. A wider request is PERMISSION_DENIED naming the rule.
-absl::StatusOr<NetworkPolicy> SessionNetwork(const pb::SessionSpec& spec,
-                                             const TenantRules* rules,
+absl::StatusOr<NetworkPolicy> SessionNetwork(const pb::SessionSpec& spec, const TenantRules* rules,
                                              const BrokerConfig& config,
                                              const std::string& provider);
 

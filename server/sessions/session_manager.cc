@@ -912,7 +912,7 @@ absl::StatusOr<absl::Time> SessionManager::KeepAlive(const std::string& tenant,
 }
 
 absl::Status SessionManager::SetNetwork(const std::string& tenant, const std::string& session_id,
-                                       const NetworkPolicy& network) {
+                                        const NetworkPolicy& network) {
   SessionRecord rec;
   {
     absl::MutexLock l(&mu_);
