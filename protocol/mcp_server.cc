@@ -342,6 +342,13 @@ McpHttpResponse McpServer::HandleRequest(const McpHttpRequest& req) {
     r.headers.push_back({"Allow", "POST, DELETE"});
     return r;
   }
+  if (draining_ && req.method == "POST") {
+    McpHttpResponse r =
+        JsonResponse(503, McpError(nullptr, kInternalError,
+                                   "the broker is shutting down; retry on another instance"));
+    r.headers.push_back({"Retry-After", "1"});
+    return r;
+  }
   absl::StatusOr<std::string> tenant = backend_->Authenticate(req.Header("authorization"));
   if (!tenant.ok()) {
     McpHttpResponse r = JsonResponse(

@@ -121,7 +121,11 @@ class McpServer {
   // Ends every legacy session (drain), closing their broker sessions.
   void CloseAllSessions();
   size_t session_count();
-  // Drain: every running call is cancelled (its run killed).
+  // Drain, first step: every new POST is answered 503 with Retry-After
+  // (the client retries on another instance); running calls go on.
+  void StartDraining() { draining_ = true; }
+  // Drain, at the end of its grace: every running call is cancelled (its
+  // run killed).
   void CancelAll() { stopping_ = true; }
   // Waits until no tool call is running (the backend has answered each);
   // false at the timeout. A server's shutdown calls it after CancelAll, so
@@ -210,6 +214,7 @@ class McpServer {
   absl::flat_hash_map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
   absl::Time last_sweep_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> draining_{false};
   // Tool calls not yet answered. Shared with each call's answer, which
   // counts itself out last (after it is done with this server).
   struct CallCount;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -499,6 +500,68 @@ std::map<std::string, std::string> DaytonaProvider::LabelsOf(const SandboxSpec& 
   return labels;
 }
 
+namespace {
+
+// Daytona sizes sandboxes in whole CPUs and GiB. A size asked for rounds
+// up and must stay within the tenant's ceiling; a session asking for the
+// default gets the ceiling itself, rounded down. What cannot be given that
+// way (a ceiling below one unit, a pids limit) is FAILED_PRECONDITION
+// naming the key: the tenant's limit is never silently dropped.
+absl::Status SizeWithin(const SandboxResources& asked, const SandboxResources& ceiling,
+                        daytona::CreateParams* p) {
+  if (asked.pids > 0 || ceiling.pids > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("daytona: resources.pids (", asked.pids > 0 ? "asked" : "the tenant's ceiling",
+                     ") cannot be applied: Daytona's create API takes cpu, memory and disk only"));
+  }
+  // Whole CPUs as an integer Daytona can read: a count past int32 is no
+  // request any server grants (and would not convert).
+  constexpr double kMaxCpus = 1 << 20;
+  if (asked.cpus > kMaxCpus) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("daytona: resources.cpus ", asked.cpus, " is over ", kMaxCpus));
+  }
+  auto over = [](const char* key, double asked, int64_t units, const char* unit, double ceiling) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("daytona: resources.", key, " ", asked, " rounds up to ", units, " ", unit,
+                     ", over the tenant's ceiling (", ceiling, "); Daytona sizes in whole ", unit));
+  };
+  auto below = [](const char* key, double ceiling, const char* unit) {
+    return absl::FailedPreconditionError(absl::StrCat("daytona: the tenant's resources.", key,
+                                                      " ceiling (", ceiling, ") is below one ",
+                                                      unit, ", the least Daytona gives"));
+  };
+  if (asked.cpus > 0) {
+    p->cpu = static_cast<int64_t>(std::ceil(asked.cpus));
+    if (ceiling.cpus > 0 && p->cpu > ceiling.cpus) {
+      return over("cpus", asked.cpus, p->cpu, "CPUs", ceiling.cpus);
+    }
+  } else if (ceiling.cpus > 0) {
+    p->cpu = static_cast<int64_t>(std::floor(std::min(ceiling.cpus, kMaxCpus)));
+    if (p->cpu == 0) return below("cpus", ceiling.cpus, "CPU");
+  }
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  // Rounded up without the overflow of (bytes + kGiB - 1).
+  const auto gib_up = [](int64_t bytes) { return bytes / kGiB + (bytes % kGiB != 0 ? 1 : 0); };
+  for (auto [key, a, c, out] :
+       {std::tuple<const char*, int64_t, int64_t, int64_t*>{"memory_bytes", asked.memory_bytes,
+                                                            ceiling.memory_bytes, &p->memory_gib},
+        {"disk_bytes", asked.disk_bytes, ceiling.disk_bytes, &p->disk_gib}}) {
+    if (a > 0) {
+      *out = gib_up(a);
+      if (c > 0 && *out > c / kGiB) {
+        return over(key, static_cast<double>(a), *out, "GiB", static_cast<double>(c));
+      }
+    } else if (c > 0) {
+      *out = c / kGiB;
+      if (*out == 0) return below(key, static_cast<double>(c), "GiB");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> DaytonaProvider::CreateBody(const SandboxSpec& spec) const {
   daytona::CreateParams p;
   RETURN_IF_ERROR(daytona::MapNetwork(spec.network, &p));
@@ -517,25 +580,7 @@ absl::StatusOr<std::string> DaytonaProvider::CreateBody(const SandboxSpec& spec)
         p.auto_stop_minutes, (absl::ToInt64Seconds(spec.keep_unclaimed) + 59) / 60 + 1);
   }
   p.auto_delete_minutes = config_.auto_delete_minutes;
-  // Daytona sizes sandboxes in whole CPUs and GiB: round requests up.
-  if (spec.resources.pids > 0) {
-    return absl::FailedPreconditionError(
-        "daytona: resources.pids is not supported (Daytona's create API takes cpu, memory "
-        "and disk only)");
-  }
-  constexpr int64_t kGiB = int64_t{1} << 30;
-  // Whole CPUs as an integer Daytona can read: a count past int32 is no
-  // request any server grants (and would not convert).
-  constexpr double kMaxCpus = 1 << 20;
-  if (spec.resources.cpus > kMaxCpus) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("daytona: resources.cpus ", spec.resources.cpus, " is over ", kMaxCpus));
-  }
-  if (spec.resources.cpus > 0) p.cpu = static_cast<int64_t>(std::ceil(spec.resources.cpus));
-  // Rounded up without the overflow of (bytes + kGiB - 1).
-  const auto gib = [](int64_t bytes) { return bytes / kGiB + (bytes % kGiB != 0 ? 1 : 0); };
-  if (spec.resources.memory_bytes > 0) p.memory_gib = gib(spec.resources.memory_bytes);
-  if (spec.resources.disk_bytes > 0) p.disk_gib = gib(spec.resources.disk_bytes);
+  RETURN_IF_ERROR(SizeWithin(spec.resources, spec.ceiling, &p));
   return daytona::CreateSandboxBody(p);
 }
 
@@ -727,8 +772,8 @@ bool DaytonaProvider::CanClaim(const SandboxSpec& member, const SandboxSpec& ses
   auto snapshot_of = [this](const SandboxSpec& s) {
     return s.template_name.empty() ? config_.snapshot : s.template_name;
   };
-  return session.pool.empty() && session.resources.empty() && session.network.IsDefault() &&
-         snapshot_of(member) == snapshot_of(session) &&
+  return session.pool.empty() && session.resources.empty() && session.ceiling.empty() &&
+         session.network.IsDefault() && snapshot_of(member) == snapshot_of(session) &&
          LanguageLabel(member.language) == LanguageLabel(session.language);
 }
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "adapters/api/output.h"
 #include "adapters/api/remote_util.h"
@@ -642,6 +643,10 @@ absl::StatusOr<std::string> E2BProvider::CreateBody(const SandboxSpec& spec,
         "e2b: spec.resources cannot be set: an E2B sandbox's CPU, memory and disk are decided "
         "by its template (build a template with the size you need and pass it as spec.template)");
   }
+  if (spec.ceiling.pids > 0) {
+    return absl::FailedPreconditionError(
+        "e2b: the tenant's resources.pids ceiling cannot be applied: E2B has no process limit");
+  }
   std::map<std::string, std::string> metadata = spec.labels;
   int64_t timeout = config_.sandbox_timeout_seconds;
   if (spec.pool.empty()) {
@@ -678,19 +683,83 @@ absl::StatusOr<std::unique_ptr<Sandbox>> E2BProvider::Created(const SandboxSpec&
 }
 
 absl::StatusOr<std::unique_ptr<Sandbox>> E2BProvider::Create(const SandboxSpec& spec) {
-  int64_t timeout = 0;
-  ASSIGN_OR_RETURN(std::string body, CreateBody(spec, &timeout));
-  return Created(spec, timeout, ControlRequest("POST", "/v2/sandboxes", body));
+  // One path: the asynchronous one, waited for (a blocking caller's thread
+  // is never the HTTP thread its steps run on).
+  absl::Notification answered;
+  absl::StatusOr<std::unique_ptr<Sandbox>> out = absl::UnknownError("e2b: no answer");
+  CreateAsync(spec, [&](absl::StatusOr<std::unique_ptr<Sandbox>> r) {
+    out = std::move(r);
+    answered.Notify();
+  });
+  answered.WaitForNotification();
+  return out;
 }
 
 void E2BProvider::CreateAsync(SandboxSpec spec, SandboxDone done) {
   int64_t timeout = 0;
   absl::StatusOr<std::string> body = CreateBody(spec, &timeout);
   if (!body.ok()) return done(body.status());
-  ControlRequestAsync(
-      "POST", "/v2/sandboxes", *body,
-      [this, spec = std::move(spec), timeout, done = std::move(done)](
-          absl::StatusOr<HttpResponse> resp) { done(Created(spec, timeout, std::move(resp))); });
+  ControlRequestAsync("POST", "/v2/sandboxes", *body,
+                      [this, spec = std::move(spec), timeout,
+                       done = std::move(done)](absl::StatusOr<HttpResponse> resp) mutable {
+                        absl::StatusOr<std::unique_ptr<Sandbox>> sb =
+                            Created(spec, timeout, std::move(resp));
+                        const SandboxResources& c = spec.ceiling;
+                        if (!sb.ok() || (c.cpus <= 0 && c.memory_bytes <= 0 && c.disk_bytes <= 0)) {
+                          return done(std::move(sb));
+                        }
+                        CheckSizeAsync(*std::move(sb), spec, std::move(done));
+                      });
+}
+
+namespace {
+
+// Whether E2B's answer to GET /sandboxes/{id} shows a size within `ceiling`.
+absl::Status SizeWithin(const absl::StatusOr<HttpResponse>& resp, const SandboxResources& ceiling,
+                        const std::string& template_id) {
+  if (!resp.ok()) return resp.status();
+  if (resp->status / 100 != 2) return e2b::HttpError("get sandbox", resp->status, resp->body);
+  ASSIGN_OR_RETURN(e2b::SandboxSize size, e2b::ParseSandboxSize(resp->body));
+  auto check = [&](const char* key, const char* field, double has, double limit, const char* unit,
+                   double per_unit) -> absl::Status {
+    if (limit <= 0) return absl::OkStatus();
+    if (has < 0) {
+      return absl::FailedPreconditionError(absl::StrCat("e2b: the tenant's resources.", key,
+                                                        " ceiling cannot be checked: E2B did "
+                                                        "not report the sandbox's ",
+                                                        field));
+    }
+    if (has <= limit) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "e2b: template \"", template_id, "\" gives ", has / per_unit, " ", unit,
+        ", over the tenant's resources.", key, " ceiling (", limit / per_unit, " ", unit,
+        "); an E2B sandbox's size is its template's: use a template within the ceiling"));
+  };
+  constexpr double kMiB = 1 << 20;
+  RETURN_IF_ERROR(check("cpus", "cpuCount", size.cpus, ceiling.cpus, "CPUs", 1));
+  RETURN_IF_ERROR(check("memory_bytes", "memoryMB", static_cast<double>(size.memory_bytes),
+                        static_cast<double>(ceiling.memory_bytes), "MiB", kMiB));
+  return check("disk_bytes", "diskSizeMB", static_cast<double>(size.disk_bytes),
+               static_cast<double>(ceiling.disk_bytes), "MiB", kMiB);
+}
+
+}  // namespace
+
+void E2BProvider::CheckSizeAsync(std::unique_ptr<Sandbox> sandbox, const SandboxSpec& spec,
+                                 SandboxDone done) {
+  auto held = std::make_shared<std::unique_ptr<Sandbox>>(std::move(sandbox));
+  const std::string path = absl::StrCat("/sandboxes/", (*held)->id());
+  const std::string template_id =
+      spec.template_name.empty() ? config_.template_id : spec.template_name;
+  ControlRequestAsync("GET", path, "",
+                      [held, ceiling = spec.ceiling, template_id,
+                       done = std::move(done)](absl::StatusOr<HttpResponse> resp) {
+                        absl::Status within = SizeWithin(resp, ceiling, template_id);
+                        if (within.ok()) return done(std::move(*held));
+                        // Not within (or not known to be): killed, never handed on.
+                        Sandbox* sandbox = held->get();
+                        sandbox->DestroyAsync([held, within, done](absl::Status) { done(within); });
+                      });
 }
 
 // ---- warm pools --------------------------------------------------------------
@@ -699,8 +768,8 @@ bool E2BProvider::CanClaim(const SandboxSpec& member, const SandboxSpec& session
   auto template_of = [this](const SandboxSpec& s) {
     return s.template_name.empty() ? config_.template_id : s.template_name;
   };
-  return session.pool.empty() && session.resources.empty() && session.network.IsDefault() &&
-         template_of(member) == template_of(session);
+  return session.pool.empty() && session.resources.empty() && session.ceiling.empty() &&
+         session.network.IsDefault() && template_of(member) == template_of(session);
 }
 
 absl::StatusOr<std::unique_ptr<Sandbox>> E2BProvider::Claim(Sandbox* member,

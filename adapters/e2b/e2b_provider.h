@@ -82,6 +82,11 @@ class E2BProvider final : public Provider {
   // Create's request body (and the sandbox's E2B timeout), and the sandbox
   // its response makes.
   absl::StatusOr<std::string> CreateBody(const SandboxSpec& spec, int64_t* timeout) const;
+  // The template decides an E2B sandbox's size, so a tenant's ceiling is
+  // checked after the create (GET /sandboxes/{id}): `sandbox` is handed on
+  // when it is within, else killed and the create is FAILED_PRECONDITION
+  // naming the key.
+  void CheckSizeAsync(std::unique_ptr<Sandbox> sandbox, const SandboxSpec& spec, SandboxDone done);
   absl::StatusOr<std::unique_ptr<Sandbox>> Created(const SandboxSpec& spec, int64_t timeout,
                                                    absl::StatusOr<HttpResponse> resp);
   // Attach's id check, connect body, and the sandbox its response makes.

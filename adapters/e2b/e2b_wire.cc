@@ -117,6 +117,28 @@ absl::StatusOr<SandboxInfo> ParseSandbox(absl::string_view text) {
   return s;
 }
 
+absl::StatusOr<SandboxSize> ParseSandboxSize(absl::string_view text) {
+  json j = json::parse(text.begin(), text.end(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::UnavailableError("e2b: sandbox detail is not a JSON object");
+  }
+  // Megabytes past this would overflow bytes: no size anyone reports.
+  constexpr double kMaxMB = static_cast<double>(int64_t{1} << 42);
+  auto number = [&](const char* k) -> double {
+    auto it = j.find(k);
+    if (it == j.end() || !it->is_number()) return -1;
+    const double v = it->get<double>();
+    return v >= 0 && v <= kMaxMB ? v : -1;
+  };
+  SandboxSize s;
+  s.cpus = number("cpuCount");
+  const double memory_mb = number("memoryMB");
+  const double disk_mb = number("diskSizeMB");
+  if (memory_mb >= 0) s.memory_bytes = static_cast<int64_t>(memory_mb) << 20;
+  if (disk_mb >= 0) s.disk_bytes = static_cast<int64_t>(disk_mb) << 20;
+  return s;
+}
+
 std::string StartRequestJson(const std::string& cmd, const std::vector<std::string>& args,
                              const std::map<std::string, std::string>& envs,
                              const std::string& cwd) {

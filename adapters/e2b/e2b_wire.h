@@ -75,6 +75,16 @@ struct SandboxInfo {
 };
 absl::StatusOr<SandboxInfo> ParseSandbox(absl::string_view json);
 
+// A sandbox's size, as GET /sandboxes/{id} reports it (SandboxDetail's
+// cpuCount, memoryMB, diskSizeMB). A field E2B left out (or sent as
+// something other than a non-negative number) is -1: not known.
+struct SandboxSize {
+  double cpus = -1;
+  int64_t memory_bytes = -1;
+  int64_t disk_bytes = -1;
+};
+absl::StatusOr<SandboxSize> ParseSandboxSize(absl::string_view json);
+
 // A StartRequest for `cmd args...` with envs and cwd, as JSON.
 std::string StartRequestJson(const std::string& cmd, const std::vector<std::string>& args,
                              const std::map<std::string, std::string>& envs,

@@ -240,8 +240,56 @@ bool SecretHeader(absl::string_view name) {
          absl::StrContains(n, "secret");
 }
 
+// `secret` as a JSON string's contents, with "/" escaped as "\/" or not
+// (both are valid JSON; PHP and some proxies escape it).
+std::string JsonEscaped(absl::string_view secret, bool escape_slash) {
+  std::string out;
+  for (unsigned char c : secret) {
+    if (c == '"' || c == '\\' || (escape_slash && c == '/')) {
+      out.push_back('\\');
+      out.push_back(static_cast<char>(c));
+    } else if (c < 0x20) {
+      absl::StrAppend(&out, "\\u00", absl::Hex(c, absl::kZeroPad2));
+    } else {
+      out.push_back(static_cast<char>(c));
+    }
+  }
+  return out;
+}
+
+// `secret` percent-encoded (RFC 3986 unreserved characters kept), with
+// upper- or lower-case hex digits, and with a space as "+" or "%20".
+std::string UrlEncoded(absl::string_view secret, bool lower_hex, bool space_plus) {
+  std::string out;
+  for (unsigned char c : secret) {
+    if (absl::ascii_isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out.push_back(static_cast<char>(c));
+    } else if (c == ' ' && space_plus) {
+      out.push_back('+');
+    } else {
+      std::string hex = absl::StrCat(absl::Hex(c, absl::kZeroPad2));
+      out += "%" + (lower_hex ? hex : absl::AsciiStrToUpper(hex));
+    }
+  }
+  return out;
+}
+
+// Every form in which a server may echo `secret`: as sent, JSON-escaped,
+// URL-encoded. Each distinct form once.
+std::vector<std::string> EchoedForms(absl::string_view secret) {
+  std::vector<std::string> forms = {std::string(secret)};
+  for (bool slash : {false, true}) forms.push_back(JsonEscaped(secret, slash));
+  for (bool lower : {false, true}) {
+    for (bool plus : {false, true}) forms.push_back(UrlEncoded(secret, lower, plus));
+  }
+  std::sort(forms.begin(), forms.end());
+  forms.erase(std::unique(forms.begin(), forms.end()), forms.end());
+  return forms;
+}
+
 // An error body goes into errors and logs: a server (or a proxy before it)
-// that echoes the request must not make them carry its credentials.
+// that echoes the request, verbatim, JSON-escaped or URL-encoded, must not
+// make them carry its credentials.
 void RedactSecrets(const HttpRequest& request, std::string* body) {
   for (const auto& [name, value] : request.headers) {
     if (!SecretHeader(name)) continue;
@@ -252,10 +300,12 @@ void RedactSecrets(const HttpRequest& request, std::string* body) {
     }
     for (absl::string_view secret : secrets) {
       if (secret.size() < 4) continue;  // too short to tell from other text
-      size_t at = 0;
-      while ((at = body->find(secret.data(), at, secret.size())) != std::string::npos) {
-        body->replace(at, secret.size(), "[redacted]");
-        at += 10;
+      for (const std::string& form : EchoedForms(secret)) {
+        size_t at = 0;
+        while ((at = body->find(form, at)) != std::string::npos) {
+          body->replace(at, form.size(), "[redacted]");
+          at += 10;
+        }
       }
     }
   }

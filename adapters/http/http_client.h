@@ -49,8 +49,8 @@ struct HttpResponse {
   std::multimap<std::string, std::string> headers;
   // Empty when on_body was given and the status is 2xx. Not 2xx: the values
   // of the request's credential headers (Authorization, *key*, *token*,
-  // *secret*, Cookie) are replaced by "[redacted]", since error bodies end
-  // up in errors and logs.
+  // *secret*, Cookie) are replaced by "[redacted]", verbatim, JSON-escaped
+  // or URL-encoded, since error bodies end up in errors and logs.
   std::string body;
 
   // The first value of a header (name in lower case), or "".

@@ -1576,6 +1576,10 @@ LocalProvider::LocalProvider(LocalConfig config, std::shared_ptr<UidPool> uids)
       proc_masks_.insert(proc_masks_.end(), {"--tmpfs", p, "--remount-ro", p});
     }
   }
+  // /proc/sys read-only by its mount, as Docker has it. Its entries answer
+  // for the reading task's namespaces (net.*, kernel.hostname), so the
+  // sandbox still reads its own values through the host's /proc/sys.
+  proc_masks_.insert(proc_masks_.end(), {"--ro-bind", "/proc/sys", "/proc/sys"});
 }
 
 LocalProvider::~LocalProvider() {

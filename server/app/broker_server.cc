@@ -25,12 +25,19 @@ namespace sandbox {
 // session closed, reaped or ended by its lifetime takes its run_id results
 // with it (the store's rows go with the session's row), so a later session
 // under the same id never gets an earlier sandbox's result for a run it
-// never ran. A vanished sandbox (kGone) keeps them: the session goes on.
+// never ran. A vanished sandbox (kGone) keeps them until the session goes
+// on in a new sandbox (a new generation): results are bound to the sandbox
+// that produced them.
 class BrokerServer::ServerObserver : public SessionObserver {
  public:
   ServerObserver(SessionAccounting* accounting, RunLedger* runs)
       : accounting_(accounting), runs_(runs) {}
-  void SessionCreated(const SessionView& v) override { accounting_->SessionCreated(v); }
+  void SessionCreated(const SessionView& v) override {
+    accounting_->SessionCreated(v);
+    // A new sandbox for a session that had one: the old one's run_id
+    // results go with it.
+    if (v.generation > 1) runs_->NewGeneration(v.tenant, v.session_id, v.generation);
+  }
   void SessionAdopted(const SessionView& v) override { accounting_->SessionAdopted(v); }
   void SessionClosed(const SessionView& v, CloseReason reason, absl::Duration age) override {
     accounting_->SessionClosed(v, reason, age);
@@ -130,6 +137,7 @@ absl::StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::Start(
         }
       }
       co.member_ttl = ttl;
+      co.lease_safety_margin = absl::Milliseconds(config.cluster.lease_safety_margin_ms);
       s->etcd_store_ = std::move(etcd);
       s->cluster_ = std::make_unique<Cluster>(s->etcd_store_.get(), std::move(co), s->clock_);
       s->store_ = s->cluster_->store();
@@ -471,12 +479,18 @@ void BrokerServer::Drain() {
        {"calls_in_flight", service_->calls_in_flight()}});
   SetHealth(false);
   service_->StartDraining();
-  const bool idle = service_->WaitForIdle(absl::Seconds(config_.drain_grace_seconds));
+  if (mcp_) mcp_->StartDraining();
+  // gRPC and MCP calls share one grace; what runs past it is cancelled
+  // (runs killed).
+  const absl::Time end = Clock::Real()->Now() + absl::Seconds(config_.drain_grace_seconds);
+  bool idle = service_->WaitForIdle(end - Clock::Real()->Now());
+  if (mcp_)
+    idle = mcp_->AwaitCalls(std::max(end - Clock::Real()->Now(), absl::ZeroDuration())) && idle;
   if (!idle) {
     Log(LogLevel::kWarning, "broker.drain_grace_expired",
-        {{"calls_in_flight", service_->calls_in_flight()}});
+        {{"calls_in_flight", service_->calls_in_flight()},
+         {"mcp_calls_running", mcp_ ? mcp_->calls_running() : 0}});
   }
-  // MCP calls are not held for the grace: they are cancelled (runs killed).
   if (mcp_) mcp_->CancelAll();
   if (config_.drain_close_sandboxes) {
     sessions_->CloseAll();

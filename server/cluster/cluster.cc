@@ -198,10 +198,10 @@ void Cluster::Leave() {
 }
 
 bool Cluster::FreshLocked() const {
-  // A renewal is sent every ttl/3; a margin of a tenth of the TTL keeps
-  // this side's view ahead of etcd's expiry.
+  // A renewal is sent every ttl/3; the margin keeps this side's view ahead
+  // of etcd's expiry (the lease holds until a renewal's send time + TTL).
   return !lost_ && member_ != nullptr &&
-         clock_->Monotonic() - renewed_ < options_.member_ttl - options_.member_ttl / 10;
+         clock_->Monotonic() - renewed_ < options_.member_ttl - options_.lease_safety_margin;
 }
 
 bool Cluster::ready() const {
@@ -293,10 +293,13 @@ absl::StatusOr<ClusterRoute> Cluster::Resolve(const std::string& tenant,
                                               const std::string& provider, bool may_create,
                                               bool forwarded) {
   const Key key{tenant, session_id};
-  auto not_fresh = [] {
-    return absl::UnavailableError(
-        "this replica cannot confirm its cluster membership (etcd unreachable, or its lease "
-        "lapsed and it is rejoining); retry");
+  auto not_fresh = [this] {
+    return absl::UnavailableError(absl::StrCat(
+        "this replica cannot confirm its cluster membership (etcd unreachable past its lease "
+        "less cluster.lease_safety_margin_ms, ",
+        absl::ToInt64Milliseconds(options_.member_ttl - options_.lease_safety_margin),
+        " ms since the last renewal, or its lease lapsed and it is rejoining): it fenced "
+        "itself and acts on no session until a renewal succeeds; retry"));
   };
   {
     absl::ReaderMutexLock l(&mu_);

@@ -56,6 +56,11 @@ struct ClusterOptions {
   // Shared by the replicas; presented on forwarded calls.
   std::string token;
   absl::Duration member_ttl = absl::Seconds(10);
+  // The replica acts on its sessions while its lease is provably valid:
+  // until the last renewal that succeeded + member_ttl - this margin (room
+  // for clock drift and pauses). Past that it fences itself (refuses,
+  // saying why) until a renewal succeeds again.
+  absl::Duration lease_safety_margin = absl::Seconds(1);
   // Providers whose sandboxes live on the replica's own machine.
   std::set<std::string> machine_local = {"local"};
   // How often the keeper looks for sessions nobody owns (zero: member_ttl).

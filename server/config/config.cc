@@ -135,7 +135,18 @@ absl::StatusOr<BrokerConfig> ParseConfig(absl::string_view json_text) {
     k.token = cl.String("token", "");
     k.token_file = cl.String("token_file", "");
     k.peer_ca_file = cl.String("peer_ca_file", "");
+    k.lease_safety_margin_ms =
+        cl.Int("lease_safety_margin_ms", k.lease_safety_margin_ms, 0, 3600 * 1000);
     RETURN_IF_ERROR(cl.Finish());
+    if (k.lease_safety_margin_ms < 0)
+      k.lease_safety_margin_ms = c.state_etcd.member_ttl_seconds * 100;
+    if (k.lease_safety_margin_ms * 3 >= c.state_etcd.member_ttl_seconds * 1000 * 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cluster.lease_safety_margin_ms: ", k.lease_safety_margin_ms,
+          " must be below 2/3 of state.etcd.member_ttl_seconds (",
+          c.state_etcd.member_ttl_seconds * 1000 * 2 / 3,
+          " ms): renewals go every third of the TTL, and a replica must stay fresh between them"));
+    }
     k.enabled = !k.token.empty() || !k.token_file.empty();
     if (!k.token.empty() && !k.token_file.empty()) {
       return absl::InvalidArgumentError("cluster.token, cluster.token_file: give one, not both");

@@ -104,6 +104,12 @@ struct BrokerConfig {
     // holding it). Never logged.
     std::string token;
     std::string token_file;
+    // How much earlier than etcd's lease expiry (the TTL from the last
+    // renewal that succeeded) this replica stops acting on its sessions:
+    // room for clock drift and pauses. Below 2/3 of the TTL (renewals go
+    // every TTL/3). -1 (the default): a tenth of the TTL, 1000 ms at the
+    // default TTL. docs/cluster.md#store-outages.
+    int64_t lease_safety_margin_ms = -1;
     // With tls.cert_file: the CA replicas verify each other's certificate
     // with ("" = the system roots).
     std::string peer_ca_file;

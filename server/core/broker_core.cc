@@ -299,6 +299,8 @@ struct BrokerCore::ExecPlan {
   PolicyEngine::RunSlot policy_slot;
   LimitSlot tenant_slot;
   Lease lease;
+  // Told the lease's sandbox generation once it is held (the run ledger).
+  RunLedger::Started on_lease;
   ExecRequest request;
   absl::Time start;
 };
@@ -397,6 +399,7 @@ absl::Status BrokerCore::AcquireLease(ExecPlan& plan) {
 
 absl::Status BrokerCore::Ready(ExecPlan& plan) {
   if (plan.ctx.provider) *plan.ctx.provider = plan.lease.provider();
+  if (plan.on_lease) plan.on_lease(plan.lease.generation());
   ExecRequest& er = plan.request;
   er.language = plan.language_given ? plan.language : plan.lease.language();
   er.code = std::move(plan.code);
@@ -442,11 +445,12 @@ absl::StatusOr<pb::RunResult> BrokerCore::Exec(
     const CallContext& ctx, const std::string& session_id, const pb::SessionSpec& spec,
     Language language, bool language_given, const std::string& code, int32_t timeout_seconds,
     const google::protobuf::Map<std::string, std::string>& env,
-    std::function<void(OutputStream, absl::string_view)> on_output) {
+    std::function<void(OutputStream, absl::string_view)> on_output, RunLedger::Started on_lease) {
   ASSIGN_OR_RETURN(
       std::unique_ptr<ExecPlan> plan,
       AdmitRun(ctx, session_id, spec, language, language_given, code, timeout_seconds, env));
   plan->on_output = std::move(on_output);
+  plan->on_lease = std::move(on_lease);
   if (Limiter* lim = TenantRunLimiter(ctx.tenant)) {
     if (absl::Status s = lim->AcquireBlocking(); !s.ok()) {
       metrics_->LimitRefused(lim->name());
@@ -678,8 +682,8 @@ void BrokerCore::RunStreamAsync(const CallContext& ctx, const pb::RunRequest& re
 absl::StatusOr<pb::RunResult> BrokerCore::Once(
     const CallContext& ctx, const std::string& session_id, const std::string& run_id,
     const google::protobuf::Message& req,
-    const std::function<absl::StatusOr<pb::RunResult>()>& fn) {
-  if (run_id.empty() || runs_ == nullptr) return fn();
+    const std::function<absl::StatusOr<pb::RunResult>(const RunLedger::Started& started)>& fn) {
+  if (run_id.empty() || runs_ == nullptr) return fn(nullptr);
   RETURN_IF_ERROR(ValidateRunId(run_id, "run_id"));
   RETURN_IF_ERROR(ValidateSessionId(session_id));
   {
@@ -697,8 +701,8 @@ absl::StatusOr<pb::RunResult> BrokerCore::Once(
   ASSIGN_OR_RETURN(std::string stored,
                    runs_->Do(ctx.tenant, session_id, run_id,
                              absl::StrCat(req.GetDescriptor()->name(), ":", StableHash(bytes)),
-                             [&]() -> absl::StatusOr<std::string> {
-                               ASSIGN_OR_RETURN(pb::RunResult r, fn());
+                             [&](const RunLedger::Started& started) -> absl::StatusOr<std::string> {
+                               ASSIGN_OR_RETURN(pb::RunResult r, fn(started));
                                return r.SerializeAsString();
                              }));
   pb::RunResult r;
@@ -708,17 +712,17 @@ absl::StatusOr<pb::RunResult> BrokerCore::Once(
 
 absl::StatusOr<pb::RunResult> BrokerCore::Run(const CallContext& ctx, const pb::RunRequest& req) {
   ASSIGN_OR_RETURN(Language lang, ToLanguage(req.language()));
-  return Once(ctx, req.session_id(), req.run_id(), req, [&] {
+  return Once(ctx, req.session_id(), req.run_id(), req, [&](const RunLedger::Started& started) {
     return Exec(ctx, req.session_id(), req.spec(), lang, req.language() != pb::LANGUAGE_UNSPECIFIED,
-                req.code(), req.timeout_seconds(), req.env());
+                req.code(), req.timeout_seconds(), req.env(), nullptr, started);
   });
 }
 
 absl::StatusOr<pb::RunResult> BrokerCore::Shell(const CallContext& ctx,
                                                 const pb::ShellRequest& req) {
-  return Once(ctx, req.session_id(), req.run_id(), req, [&] {
+  return Once(ctx, req.session_id(), req.run_id(), req, [&](const RunLedger::Started& started) {
     return Exec(ctx, req.session_id(), req.spec(), Language::kShell, true, req.command(),
-                req.timeout_seconds(), req.env());
+                req.timeout_seconds(), req.env(), nullptr, started);
   });
 }
 
@@ -883,12 +887,14 @@ absl::StatusOr<pb::RunResult> BrokerCore::RunStream(
   // With a run_id the first attempt streams live and its output is kept; a
   // retry gets the kept output as one stdout chunk.
   bool live = false;
-  ASSIGN_OR_RETURN(pb::RunResult r, Once(ctx, req.session_id(), req.run_id(), req, [&] {
-                     live = true;
-                     return Exec(ctx, req.session_id(), req.spec(), lang,
-                                 req.language() != pb::LANGUAGE_UNSPECIFIED, req.code(),
-                                 req.timeout_seconds(), req.env(), on_chunk);
-                   }));
+  ASSIGN_OR_RETURN(
+      pb::RunResult r,
+      Once(ctx, req.session_id(), req.run_id(), req, [&](const RunLedger::Started& started) {
+        live = true;
+        return Exec(ctx, req.session_id(), req.spec(), lang,
+                    req.language() != pb::LANGUAGE_UNSPECIFIED, req.code(), req.timeout_seconds(),
+                    req.env(), on_chunk, started);
+      }));
   if (!live && !r.output().empty()) on_chunk(OutputStream::kStdout, r.output());
   r.clear_output();
   return r;
@@ -1059,11 +1065,13 @@ absl::StatusOr<pb::CallToolResponse> BrokerCore::CallTool(const CallContext& ctx
       absl::StatusOr<pb::RunResult> r =
           extras.on_output == nullptr
               ? Run(inner, run)
-              : Once(inner, run.session_id(), run.run_id(), run, [&] {
-                  return Exec(inner, run.session_id(), run.spec(),
-                              ToLanguage(run.language()).value_or(Language::kPython), true,
-                              run.code(), run.timeout_seconds(), run.env(), extras.on_output);
-                });
+              : Once(inner, run.session_id(), run.run_id(), run,
+                     [&](const RunLedger::Started& started) {
+                       return Exec(inner, run.session_id(), run.spec(),
+                                   ToLanguage(run.language()).value_or(Language::kPython), true,
+                                   run.code(), run.timeout_seconds(), run.env(), extras.on_output,
+                                   started);
+                     });
       return ToolAnswer(req, std::move(r), extras.run);
     }
     case ToolOp::kWriteFile:
@@ -1133,10 +1141,12 @@ void BrokerCore::CallToolAsync(const CallContext& ctx, const pb::CallToolRequest
         // A retried tool call runs once: the ledger's steps block.
         blocking_->Submit([this, call, lang, on_output, finish] {
           const pb::RunRequest& run = call->run;
-          finish(Once(call->inner, run.session_id(), run.run_id(), run, [&] {
-            return Exec(call->inner, run.session_id(), run.spec(), lang, true, run.code(),
-                        run.timeout_seconds(), run.env(), on_output);
-          }));
+          finish(Once(call->inner, run.session_id(), run.run_id(), run,
+                      [&](const RunLedger::Started& started) {
+                        return Exec(call->inner, run.session_id(), run.spec(), lang, true,
+                                    run.code(), run.timeout_seconds(), run.env(), on_output,
+                                    started);
+                      }));
         });
         return;
       }
@@ -1192,6 +1202,7 @@ absl::Status BrokerCore::Refused(const CallContext& ctx, absl::Status status,
     AuditEvent e;
     e.event = "policy.refused";
     e.tenant = ctx.tenant;
+    e.session_id = ctx.session_id;
     e.provider = provider;
     e.request_id = ctx.request_id;
     e.fields["rule"] = std::string(rule);

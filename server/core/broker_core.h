@@ -34,10 +34,19 @@ struct CallContext {
   std::string* provider = nullptr;
   // For the audit log (empty: none).
   std::string request_id;
+  // The session the call names, for the audit log (empty: none; at most
+  // 128 bytes, an unvalidated id longer than that is "(invalid)").
+  std::string session_id;
   // The operator snapshot the transport authenticated with; null = the
   // current one. Read once per call, so a reload never splits a call.
   std::shared_ptr<const OperatorSnapshot> snapshot;
 };
+
+// A session id as logs and the audit log show it: an unvalidated id longer
+// than 128 bytes is "(invalid)".
+inline std::string AuditableSessionId(const std::string& id) {
+  return id.size() <= 128 ? id : std::string("(invalid)");
+}
 
 // What CallTool can also report, for transports that show more than the
 // tool's text (MCP: structured results, output as it is produced).
@@ -262,10 +271,10 @@ class BrokerCore {
   static pb::CallToolResponse ToolAnswer(absl::StatusOr<pb::WriteFileResponse> r);
   static pb::CallToolResponse ToolAnswer(absl::StatusOr<pb::ReadFileResponse> r, bool* found);
 
-  absl::StatusOr<pb::RunResult> Once(const CallContext& ctx, const std::string& session_id,
-                                     const std::string& run_id,
-                                     const google::protobuf::Message& req,
-                                     const std::function<absl::StatusOr<pb::RunResult>()>& fn);
+  absl::StatusOr<pb::RunResult> Once(
+      const CallContext& ctx, const std::string& session_id, const std::string& run_id,
+      const google::protobuf::Message& req,
+      const std::function<absl::StatusOr<pb::RunResult>(const RunLedger::Started& started)>& fn);
   struct ExecPlan;
   // A run's timeout (0 = the default) and output cap under the broker's and
   // the tenant's limits; INVALID_ARGUMENT or the refusing rule.
@@ -338,7 +347,8 @@ class BrokerCore {
       const CallContext& ctx, const std::string& session_id, const pb::SessionSpec& spec,
       Language language, bool language_given, const std::string& code, int32_t timeout_seconds,
       const google::protobuf::Map<std::string, std::string>& env,
-      std::function<void(OutputStream, absl::string_view)> on_output = nullptr);
+      std::function<void(OutputStream, absl::string_view)> on_output = nullptr,
+      RunLedger::Started on_lease = nullptr);
   ToolLimits Limits(const TenantRules* rules = nullptr) const;
   // Returns `status`; when it says the provider lost the sandbox, closes the
   // session first.

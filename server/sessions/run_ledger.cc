@@ -121,8 +121,7 @@ std::vector<std::string> RunLedger::PruneLocked(
 
 absl::StatusOr<std::string> RunLedger::Do(const std::string& tenant, const std::string& session_id,
                                           const std::string& run_id,
-                                          const std::string& request_hash,
-                                          const std::function<absl::StatusOr<std::string>()>& fn) {
+                                          const std::string& request_hash, const RunFn& fn) {
   const SessionKey key{tenant, session_id};
   std::shared_ptr<Entry> e;
   std::vector<std::string> dropped;
@@ -184,8 +183,12 @@ absl::StatusOr<std::string> RunLedger::Do(const std::string& tenant, const std::
       return s;
     }
   }
-  absl::StatusOr<std::string> result = fn();
+  absl::StatusOr<std::string> result = fn([this, e](int64_t generation) {
+    absl::MutexLock l(&mu_);
+    e->generation = generation;
+  });
   const bool forget = !result.ok() && NothingRan(result.status().code());
+  bool current = false;  // still this session's record (not dropped meanwhile)
   {
     absl::MutexLock l(&mu_);
     e->done = true;
@@ -195,17 +198,49 @@ absl::StatusOr<std::string> RunLedger::Do(const std::string& tenant, const std::
     } else {
       e->status = result.status();
     }
-    if (forget) {
-      auto& runs = runs_[key];
-      if (auto it = runs.find(run_id); it != runs.end() && it->second == e) runs.erase(it);
-    }
+    auto& runs = runs_[key];
+    auto it = runs.find(run_id);
+    current = it != runs.end() && it->second == e;
+    if (current && forget) runs.erase(it);
   }
+  // A record dropped meanwhile (the session closed, or went on in a new
+  // sandbox) had its store row removed then; a retry may own the id now.
+  if (!current) return result;
   if (forget) {
     if (store_) (void)store_->DeleteRun(tenant, session_id, run_id);
   } else {
     Persist(key, run_id, *e);
   }
   return result;
+}
+
+void RunLedger::NewGeneration(const std::string& tenant, const std::string& session_id,
+                              int64_t generation) {
+  std::vector<std::string> dropped;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = runs_.find({tenant, session_id});
+    if (it == runs_.end()) return;
+    for (auto r = it->second.begin(); r != it->second.end();) {
+      const Entry& e = *r->second;
+      if ((e.done || e.generation > 0) && e.generation < generation) {
+        dropped.push_back(r->first);
+        r = it->second.erase(r);
+      } else {
+        ++r;
+      }
+    }
+  }
+  if (store_) {
+    for (const auto& id : dropped) (void)store_->DeleteRun(tenant, session_id, id);
+  }
+  if (!dropped.empty()) {
+    Log(LogLevel::kInfo, "runs.new_generation",
+        {{"tenant", tenant},
+         {"session_id", session_id},
+         {"generation", generation},
+         {"runs_dropped", static_cast<int64_t>(dropped.size())}});
+  }
 }
 
 void RunLedger::ForgetSession(const std::string& tenant, const std::string& session_id) {

@@ -26,6 +26,10 @@ namespace sandbox {
 // The record is written to the store before the run starts and with its
 // result after it ends; nothing else on the hot path touches the store.
 //
+// A result is bound to the sandbox generation it ran in: once the session
+// goes on in a new sandbox (NewGeneration), a retry runs again there
+// instead of getting a result whose effects went with the old sandbox.
+//
 // Thread-safe.
 class RunLedger {
  public:
@@ -47,12 +51,23 @@ class RunLedger {
   // ran), or the run's own error. Errors from before anything ran
   // (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, UNAUTHENTICATED,
   // PERMISSION_DENIED) are not remembered: a corrected retry runs.
+  //
+  // `fn` calls `started(generation)` once it holds the session's sandbox,
+  // with the generation the run goes on in.
+  using Started = std::function<void(int64_t generation)>;
+  using RunFn = std::function<absl::StatusOr<std::string>(const Started& started)>;
   absl::StatusOr<std::string> Do(const std::string& tenant, const std::string& session_id,
                                  const std::string& run_id, const std::string& request_hash,
-                                 const std::function<absl::StatusOr<std::string>()>& fn);
+                                 const RunFn& fn);
 
   // Drops a closed session's records.
   void ForgetSession(const std::string& tenant, const std::string& session_id);
+
+  // The session goes on in a new sandbox, `generation`: records of runs
+  // made in an earlier one are dropped (here and in the store), and so are
+  // records whose generation is not known (loaded from the store, or ended
+  // before holding a sandbox). Runs waiting for this sandbox are kept.
+  void NewGeneration(const std::string& tenant, const std::string& session_id, int64_t generation);
 
   // Records held in memory for one session (tests).
   int CountForTest(const std::string& tenant, const std::string& session_id);
@@ -65,6 +80,9 @@ class RunLedger {
     std::string result;
     absl::Time started_at;
     absl::Time finished_at;
+    // The sandbox generation the run went on in; 0 = not known (not
+    // started yet, or loaded from the store).
+    int64_t generation = 0;
   };
   using SessionKey = std::pair<std::string, std::string>;
 

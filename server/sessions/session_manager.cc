@@ -189,6 +189,7 @@ Lease& Lease::operator=(Lease&& o) noexcept {
     sandbox_ = std::move(o.sandbox_);
     language_ = o.language_;
     provider_ = std::move(o.provider_);
+    generation_ = o.generation_;
     o.manager_ = nullptr;
   }
   return *this;
@@ -281,6 +282,7 @@ Lease SessionManager::MakeLeaseLocked(const std::shared_ptr<Session>& s) {
   lease.sandbox_ = s->sandbox;
   lease.language_ = s->language;
   lease.provider_ = s->provider;
+  lease.generation_ = s->generation;
   return lease;
 }
 

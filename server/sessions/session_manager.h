@@ -116,6 +116,8 @@ class Lease {
   Sandbox* sandbox() const { return sandbox_.get(); }
   Language language() const { return language_; }
   const std::string& provider() const { return provider_; }
+  // The session's sandbox generation this lease holds.
+  int64_t generation() const { return generation_; }
   void Release();
 
  private:
@@ -125,6 +127,7 @@ class Lease {
   std::shared_ptr<Sandbox> sandbox_;
   Language language_ = Language::kPython;
   std::string provider_;
+  int64_t generation_ = 0;
 };
 
 // The session table: exactly one provider sandbox per (tenant, session id),

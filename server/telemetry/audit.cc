@@ -1,6 +1,7 @@
 #include "server/telemetry/audit.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
@@ -9,9 +10,10 @@
 namespace sandbox {
 absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(const std::string& path, Clock* clock) {
   if (path.empty()) return std::unique_ptr<AuditLog>(new AuditLog(stderr, false, clock));
-  // Owner-only: it names tenants, sessions and admins.
+  // Owner-only: it names tenants, sessions and admins. A file left with a
+  // looser mode (created by hand, or by an older build) is reset at open.
   const int fd = open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
-  FILE* f = fd >= 0 ? fdopen(fd, "a") : nullptr;
+  FILE* f = fd >= 0 && fchmod(fd, 0600) == 0 ? fdopen(fd, "a") : nullptr;
   if (f == nullptr) {
     if (fd >= 0) close(fd);
     return absl::InvalidArgumentError(absl::StrCat("audit_log.path: cannot open ", path));

@@ -297,7 +297,10 @@ TEST_F(ContainmentTest, ProcIsMaskedAndProcSysIsReadOnly) {
          "[ -e /proc/$f ] || continue; printf '%s %s\\n' $f \"$(head -c 64 /proc/$f 2>/dev/null | "
          "wc -c)\"; done; "
          "echo 1 > /proc/sys/kernel/ns_last_pid 2>/dev/null && echo sys-writable || echo sys-ro; "
-         "echo b > /proc/sysrq-trigger 2>/dev/null && echo sysrq-writable || echo sysrq-ro");
+         "echo b > /proc/sysrq-trigger 2>/dev/null && echo sysrq-writable || echo sysrq-ro; "
+         // Read-only by the mount, not only by the sandbox uid's permissions.
+         "awk '$5 == \"/proc/sys\" { split($6, o, \",\"); print \"sys-mount-\" o[1] }' "
+         "/proc/self/mountinfo");
   for (absl::string_view line : absl::StrSplit(r.output(), '\n', absl::SkipEmpty())) {
     std::vector<std::string> f = absl::StrSplit(line, ' ');
     if (f.size() == 2) {
@@ -308,6 +311,8 @@ TEST_F(ContainmentTest, ProcIsMaskedAndProcSysIsReadOnly) {
   EXPECT_NE(r.output().find("kallsyms 0"), std::string::npos) << r.output();
   EXPECT_NE(r.output().find("sys-ro"), std::string::npos) << r.output();
   EXPECT_NE(r.output().find("sysrq-ro"), std::string::npos) << r.output();
+  EXPECT_NE(r.output().find("sys-mount-ro\n"), std::string::npos) << r.output();
+  EXPECT_EQ(r.output().find("sys-mount-rw"), std::string::npos) << r.output();
   ExpectOthersHealthy();
 }
 

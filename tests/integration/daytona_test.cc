@@ -224,6 +224,33 @@ TEST_F(DaytonaTest, ResourcesRoundUpToWholeUnitsAndOutOfRangeOnesAreRefused) {
   EXPECT_NE(refused.status().message().find("resources.cpus"), std::string::npos);
 }
 
+// The tenant's resource ceiling reaches Daytona: a session asking for the
+// default gets the ceiling (in whole units), a size that rounds up past it
+// is refused, and what Daytona cannot apply (pids) is refused naming it.
+TEST_F(DaytonaTest, TheTenantsResourceCeilingIsAppliedOrRefusedByName) {
+  server_.reset();
+  nlohmann::json extra = extra_;
+  extra["tenants"]["alpha"]["resources"] = {
+      {"cpus", 1.5}, {"memory_bytes", (int64_t{5} << 30) / 2}, {"disk_bytes", int64_t{4} << 30}};
+  extra["tenants"]["beta"]["resources"] = {{"pids", 64}};
+  StartBroker(extra.dump());
+  auto info = Client("dtn-ceiling")->Start();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(fake_->resources(info->sandbox_id()),
+            (std::map<std::string, int64_t>{{"cpu", 1}, {"memory", 2}, {"disk", 4}}));
+  pb::SessionSpec spec;
+  spec.mutable_resources()->set_cpus(1.5);  // 2 CPUs on Daytona
+  auto over = Client("dtn-over", "token-alpha-123", spec)->Start();
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kFailedPrecondition) << over.status();
+  EXPECT_NE(over.status().message().find("resources.cpus 1.5 rounds up to 2 CPUs"),
+            std::string::npos)
+      << over.status();
+  auto pids = Client("dtn-pids", "token-beta-456")->Start();
+  EXPECT_EQ(pids.status().code(), absl::StatusCode::kFailedPrecondition) << pids.status();
+  EXPECT_NE(pids.status().message().find("resources.pids"), std::string::npos) << pids.status();
+  EXPECT_EQ(fake_->live_sandboxes(), 1);  // nothing made for the refusals
+}
+
 TEST_F(DaytonaTest, AVanishedSandboxIsReportedAndRecreated) {
   auto sb = Client("dtn-gone");
   auto info = sb->Start();

@@ -49,6 +49,35 @@ TEST_F(E2BTest, ResourcesAreRefusedBecauseTheTemplateDecides) {
   EXPECT_NE(r.status().message().find("template"), absl::string_view::npos) << r.status();
 }
 
+// The template decides an E2B sandbox's size (the fake's: 2 CPUs, 512 MiB
+// memory, 1024 MiB disk), so a tenant's ceiling is checked after the
+// create: a sandbox over it is killed and the create refused naming the
+// key; one within it serves. A pids ceiling E2B cannot apply is refused.
+TEST_F(E2BTest, TheTenantsResourceCeilingIsCheckedAgainstTheTemplate) {
+  server_.reset();
+  nlohmann::json extra = extra_;
+  extra["tenants"]["alpha"]["resources"] = {{"cpus", 1}, {"memory_bytes", int64_t{1} << 30}};
+  extra["tenants"]["beta"]["resources"] = {
+      {"cpus", 2}, {"memory_bytes", int64_t{512} << 20}, {"disk_bytes", int64_t{2} << 30}};
+  StartBroker(extra.dump());
+  auto over = Client("e2b-over")->Run("print(1)");
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kFailedPrecondition) << over.status();
+  EXPECT_NE(over.status().message().find("gives 2 CPUs, over the tenant's resources.cpus ceiling"),
+            std::string::npos)
+      << over.status();
+  EXPECT_EQ(fake_->live_sandboxes(), 0);  // killed, not leaked
+  auto within = Client("e2b-within", "token-beta-456")->Run("print(2)");
+  ASSERT_TRUE(within.ok()) << within.status();
+  EXPECT_EQ(within->output(), "2\n");
+  EXPECT_EQ(fake_->live_sandboxes(), 1);
+  server_.reset();
+  extra["tenants"]["alpha"]["resources"] = {{"pids", 64}};
+  StartBroker(extra.dump());
+  auto pids = Client("e2b-pids")->Start();
+  EXPECT_EQ(pids.status().code(), absl::StatusCode::kFailedPrecondition) << pids.status();
+  EXPECT_NE(pids.status().message().find("resources.pids"), std::string::npos) << pids.status();
+}
+
 TEST_F(E2BTest, NetworkRulesGoIntoTheCreateBodyAndLiveUpdates) {
   // Wider than the tenant allows (nothing): refused before the provider.
   pb::SessionSpec spec;
@@ -190,6 +219,34 @@ TEST_F(E2BTest, AVanishedSandboxIsReportedAndTheSessionRecreated) {
   auto third = sb->Run("print(4)");
   ASSERT_TRUE(third.ok()) << third.status();
   EXPECT_NE(sb->Info()->sandbox_id(), second);
+}
+
+// A run_id's result is bound to the sandbox that produced it: once the
+// session goes on in a new sandbox (generation 2), a retry of the same
+// run_id runs there instead of returning generation 1's result.
+TEST_F(E2BTest, ARunIdResultFromAnEarlierGenerationIsNotReturned) {
+  auto run = [&](pb::RunResult* out) {
+    pb::RunRequest r;
+    r.set_session_id("e2b-gen");
+    r.set_code("import uuid; print(uuid.uuid4())");
+    r.set_run_id("gen-run-1");
+    return stub_->Run(Ctx().get(), r, out);
+  };
+  pb::RunResult first, retry, after, again;
+  ASSERT_TRUE(run(&first).ok());
+  ASSERT_TRUE(run(&retry).ok());
+  EXPECT_EQ(retry.output(), first.output());  // the same sandbox: the kept result
+  auto sb = Client("e2b-gen");
+  const std::string gen1 = sb->Info()->sandbox_id();
+  ASSERT_TRUE(fake_->Vanish(gen1));
+  EXPECT_EQ(sb->Run("print(1)").status().code(), absl::StatusCode::kUnavailable);
+  ASSERT_TRUE(sb->Run("print(2)").ok());  // generation 2
+  ASSERT_EQ(sb->Info()->generation(), 2);
+  ASSERT_TRUE(run(&after).ok());
+  EXPECT_EQ(after.output().size(), 37u) << after.output();
+  EXPECT_NE(after.output(), first.output());  // ran again, in generation 2
+  ASSERT_TRUE(run(&again).ok());
+  EXPECT_EQ(again.output(), after.output());  // and is kept there
 }
 
 TEST_F(E2BTest, RateLimitsAreRetriedLikeTheSdk) {

@@ -192,6 +192,37 @@ TEST_F(McpHttpTest, DrainEndsARunningCall) {
   EXPECT_EQ(body.find("\"output\""), std::string::npos) << body;  // no result: cancelled
 }
 
+// A drain gives running MCP calls the same grace as gRPC calls (a rolling
+// update must not kill every agent's call), and new MCP requests get a 503
+// with Retry-After meanwhile.
+TEST_F(McpHttpTest, DrainGivesRunningCallsTheirGraceAndRefusesNewOnes) {
+  StartBroker(R"({"mcp": {"listen": "127.0.0.1:0"}, "drain_grace_seconds": 60,
+      "default_provider": "echo", "providers": {"echo": {"hold_ms": 3000}}})");
+  const int fd =
+      SendRaw(CallBody("sandbox_echo_run", "held-through-drain", 1), "sandbox_echo_run", false);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(Until([&] { return server_->mcp()->calls_running() == 1; }));
+  std::thread drain([&] { server_->Drain(); });
+  httplib::Client http("127.0.0.1", server_->mcp_port());
+  // Until the drain has begun: a request that is answered at once either
+  // way (not JSON-RPC: 400 before, 503 after).
+  ASSERT_TRUE(Until([&] {
+    auto r = http.Post("/mcp", Headers(), "{}", "application/json");
+    return r && r->status == 503;
+  }));
+  httplib::Result refused =
+      http.Post("/mcp", Headers(), CallBody("sandbox_echo_run", "late", 2), "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 503);
+  EXPECT_EQ(refused->get_header_value("Retry-After"), "1");
+  EXPECT_NE(refused->body.find("shutting down"), std::string::npos) << refused->body;
+  EXPECT_EQ(server_->mcp()->calls_running(), 1);  // still running when refused
+  const std::string reply = ReadAll(fd);
+  EXPECT_TRUE(absl::StartsWith(reply, "HTTP/1.1 200")) << reply;
+  EXPECT_NE(reply.find("\"output\":\"held-through-drain\""), std::string::npos) << reply;
+  drain.join();
+}
+
 // Calls in flight over real HTTP hold no thread: 300 connections, each a
 // tools/call the echo provider answers after 3 s, half as JSON and half as
 // SSE. No client thread waits either (raw sockets, read afterwards).

@@ -691,6 +691,7 @@ TEST_F(OperatorsTest, AuditTrailCoversEveryEventAndHoldsNoSecrets) {
   auto refused = Audit("policy.refused");
   ASSERT_EQ(refused.size(), 1u);
   EXPECT_EQ(refused[0]["tenant"], "beta");
+  EXPECT_EQ(refused[0]["session_id"], "b");  // the session the call was for
   EXPECT_EQ(refused[0]["code"], "PERMISSION_DENIED");
   EXPECT_EQ(Audit("admin.ListAllSessions").size(), 1u);
   EXPECT_EQ(Audit("admin.ReloadConfig").size(), 1u);

@@ -418,9 +418,11 @@ class RunLedgerTest : public ::testing::Test {
     }
     return *ledger_;
   }
+  // Runs in sandbox generation `generation_` (0: fails before holding one).
   absl::StatusOr<std::string> Do(const std::string& id, const std::string& hash = "h",
                                  absl::StatusOr<std::string> result = std::string("out")) {
-    return Ledger().Do("t", "s", id, hash, [&, result]() {
+    return Ledger().Do("t", "s", id, hash, [&, result](const RunLedger::Started& started) {
+      if (generation_ > 0) started(generation_);
       ++ran_;
       return result;
     });
@@ -430,6 +432,7 @@ class RunLedgerTest : public ::testing::Test {
   RunLedger::Options options_;
   std::unique_ptr<RunLedger> ledger_;
   int ran_ = 0;
+  int64_t generation_ = 1;
 };
 
 TEST_F(RunLedgerTest, FinishedRetryGetsTheStoredResultAndNeverRunsTwice) {
@@ -445,11 +448,12 @@ TEST_F(RunLedgerTest, FinishedRetryGetsTheStoredResultAndNeverRunsTwice) {
 TEST_F(RunLedgerTest, RetryWhileRunningWaitsForTheFirst) {
   absl::Notification started, release;
   std::thread first([&] {
-    auto r = Ledger().Do("t", "s", "r1", "h", [&]() -> absl::StatusOr<std::string> {
-      started.Notify();
-      release.WaitForNotification();
-      return std::string("first");
-    });
+    auto r = Ledger().Do("t", "s", "r1", "h",
+                         [&](const RunLedger::Started&) -> absl::StatusOr<std::string> {
+                           started.Notify();
+                           release.WaitForNotification();
+                           return std::string("first");
+                         });
     EXPECT_EQ(*r, "first");
   });
   started.WaitForNotification();
@@ -521,6 +525,60 @@ TEST_F(RunLedgerTest, ErrorsFromBeforeTheRunAreNotRemembered) {
             absl::StatusCode::kUnavailable);
   EXPECT_EQ(Do("r2").status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(ran_, 3);
+}
+
+// A result is bound to the sandbox it ran in: once the session goes on in
+// a new one, a retry runs there (the old result's effects are gone).
+TEST_F(RunLedgerTest, ANewGenerationDropsResultsOfEarlierOnes) {
+  EXPECT_EQ(*Do("r1"), "out");
+  Ledger().NewGeneration("t", "s", 1);  // the same sandbox: kept
+  EXPECT_EQ(*Do("r1"), "out");
+  EXPECT_EQ(ran_, 1);
+  // A failure that never held a sandbox (generation unknown) goes too.
+  generation_ = 0;
+  EXPECT_EQ(Do("r0", "h", absl::UnavailableError("no sandbox")).status().code(),
+            absl::StatusCode::kUnavailable);
+  generation_ = 2;
+  Ledger().NewGeneration("t", "s", 2);
+  EXPECT_EQ(Ledger().CountForTest("t", "s"), 0);
+  EXPECT_TRUE(store_->LoadRuns()->empty());  // the store's rows too
+  EXPECT_EQ(*Do("r1", "h", std::string("again")), "again");
+  EXPECT_EQ(*Do("r0"), "out");
+  EXPECT_EQ(ran_, 4);
+  // Generation 2's results are kept by generation 2, over a restart.
+  ledger_.reset();
+  EXPECT_EQ(*Do("r1"), "again");
+  EXPECT_EQ(ran_, 4);
+  // A record loaded from the store does not know its generation: a new
+  // sandbox after the restart drops it.
+  Ledger().NewGeneration("t", "s", 3);
+  EXPECT_EQ(*Do("r1", "h", std::string("third")), "third");
+  EXPECT_EQ(ran_, 5);
+}
+
+// A run that holds the old sandbox when the new one comes: its answer goes
+// to its own caller and any retry already waiting, but is not kept (and not
+// written back to the store) for later retries.
+TEST_F(RunLedgerTest, ARunInFlightAcrossANewGenerationIsNotKept) {
+  absl::Notification started, release;
+  std::thread first([&] {
+    auto r = Ledger().Do("t", "s", "r1", "h",
+                         [&](const RunLedger::Started& s) -> absl::StatusOr<std::string> {
+                           s(1);
+                           started.Notify();
+                           release.WaitForNotification();
+                           return absl::UnavailableError("the sandbox vanished");
+                         });
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+  });
+  started.WaitForNotification();
+  Ledger().NewGeneration("t", "s", 2);
+  release.Notify();
+  first.join();
+  EXPECT_TRUE(store_->LoadRuns()->empty());
+  generation_ = 2;
+  EXPECT_EQ(*Do("r1"), "out");
+  EXPECT_EQ(ran_, 1);
 }
 
 TEST(RunIdValidationTest, IdsAndHashes) {

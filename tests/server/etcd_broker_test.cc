@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/clock.h"
+#include "server/cluster/cluster.h"
 #include "server/store/etcd/etcd_store.h"
 #include "tests/server/etcd_fixture.h"
 #include "tests/testing/broker_fixture.h"
@@ -30,6 +32,38 @@ class EtcdBrokerTest : public BrokerFixture {
   }
   EtcdServer etcd_;
 };
+
+// A replica acts on its sessions while its lease is provably valid: the
+// TTL from the last renewal that succeeded, less
+// cluster.lease_safety_margin_ms. Tested at both sides of that boundary on
+// an injected clock (no keeper runs, so no renewal succeeds: an outage).
+TEST_F(EtcdBrokerTest, AClusterMemberFencesItselfAtItsLeaseLessTheMargin) {
+  EtcdStoreOptions so;
+  so.etcd.endpoints = {etcd_.endpoint()};
+  so.prefix = "/margin/";
+  auto store = EtcdStore::Open(so);
+  ASSERT_TRUE(store.ok()) << store.status();
+  FakeClock clock;
+  ClusterOptions o;
+  o.member_id = "margin-m1";
+  o.advertise_address = "127.0.0.1:1";
+  o.token = "cluster-token-0123456789";
+  o.member_ttl = absl::Seconds(10);
+  o.lease_safety_margin = absl::Milliseconds(1500);
+  Cluster cluster(store->get(), o, &clock);
+  ASSERT_TRUE(cluster.Join().ok());
+  EXPECT_TRUE(cluster.ready());
+  clock.Advance(absl::Milliseconds(8499));  // TTL - margin - 1 ms: still served
+  EXPECT_TRUE(cluster.ready());
+  clock.Advance(absl::Milliseconds(1));  // TTL - margin: fenced
+  EXPECT_FALSE(cluster.ready());
+  EXPECT_FALSE(cluster.ServesLocally("t", "s"));
+  auto route = cluster.Resolve("t", "s", "e2b", /*may_create=*/true, /*forwarded=*/false);
+  EXPECT_EQ(route.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(route.status().message().find("8500 ms since the last renewal"), std::string::npos)
+      << route.status();
+  EXPECT_NE(route.status().message().find("fenced itself"), std::string::npos) << route.status();
+}
 
 TEST_F(EtcdBrokerTest, ServesSessionsAndFindsThemAfterRestart) {
   StartBroker(EtcdState());

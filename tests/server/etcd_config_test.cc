@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "server/config/config.h"
 
 namespace sandbox {
@@ -36,6 +37,24 @@ TEST(EtcdConfigTest, KeysAndDefaults) {
   EXPECT_EQ(c->state_etcd.prefix, "/sandbox-broker/");
   EXPECT_EQ(c->state_etcd.member_ttl_seconds, 10);
   EXPECT_TRUE(c->state_etcd.username.empty());
+  EXPECT_EQ(c->cluster.lease_safety_margin_ms, 1000);  // a tenth of the TTL
+
+  // The lease safety margin: below 2/3 of the TTL (renewals every third).
+  auto cluster = [](int margin_ms) {
+    return ParseConfig(absl::StrCat(R"({"state": {"backend": "etcd", "etcd": {
+        "endpoints": ["http://e:2379"], "member_ttl_seconds": 3}},
+        "cluster": {"token": "cluster-token-0123456789", "lease_safety_margin_ms": )",
+                                    margin_ms, "}}"));
+  };
+  c = cluster(1999);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->cluster.lease_safety_margin_ms, 1999);
+  c = cluster(2000);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("cluster.lease_safety_margin_ms: 2000 must be below 2/3"),
+            std::string::npos)
+      << c.status();
+  EXPECT_FALSE(cluster(-1).ok());
 }
 
 TEST(EtcdConfigTest, ErrorsNameTheKey) {

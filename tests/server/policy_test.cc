@@ -307,6 +307,11 @@ TEST(AuditLog, AppendsToItsFile) {
   struct stat st;
   ASSERT_EQ(stat(path.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);  // owner-only
+  // A file that already exists with a loose mode is made owner-only at open.
+  ASSERT_EQ(chmod(path.c_str(), 0644), 0);
+  ASSERT_TRUE(AuditLog::Open(path, &clock).ok());
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
   umask(umask_was);
   unlink(path.c_str());
   rmdir(tmpl);

@@ -275,6 +275,7 @@ void BrokerService::Begin(const std::shared_ptr<Call>& call,
     cc.cancelled = [sctx] { return sctx->IsCancelled(); };
     cc.provider = &call->provider;
     cc.request_id = call->request_id;
+    cc.session_id = AuditableSessionId(call->session_id);
     cc.snapshot = std::move(snapshot);
     // Installed once, here: every pool, loop and provider callback after it
     // carries it (common/request_id.h).
@@ -288,12 +289,11 @@ grpc::Status BrokerService::End(Call& call, const absl::Status& status) {
   const std::string code = absl::StatusCodeToString(status.code());
   const LogLevel level = status.ok() ? LogLevel::kInfo : LogLevel::kWarning;
   if (LogEnabled(level)) {
-    const std::string& sid = call.session_id;
     Log(level, "rpc",
         {{"request_id", call.request_id},
          {"method", call.method},
          {"tenant", call.tenant},
-         {"session_id", sid.size() <= 128 ? sid : std::string("(invalid)")},
+         {"session_id", AuditableSessionId(call.session_id)},
          {"provider", call.provider.empty() ? std::string("-") : call.provider},
          {"code", code},
          {"duration_ms", absl::ToInt64Milliseconds(took)}});

@@ -28,6 +28,7 @@ absl::StatusOr<McpToolOutcome> McpCoreBackend::CallTool(const McpCall& call,
   std::string provider;
   CallContext ctx;
   ctx.tenant = call.tenant;
+  ctx.session_id = AuditableSessionId(req.session_id());
   ctx.cancelled = call.cancelled;
   ctx.provider = &provider;
   McpToolOutcome out;
@@ -86,8 +87,7 @@ void McpCoreBackend::Finished(const McpCall& call, const pb::CallToolRequest& re
     Log(level, "mcp.call",
         {{"tenant", call.tenant},
          {"tool", req.name().size() <= 128 ? req.name() : std::string("(long)")},
-         {"session_id",
-          req.session_id().size() <= 128 ? req.session_id() : std::string("(invalid)")},
+         {"session_id", AuditableSessionId(req.session_id())},
          {"provider", provider.empty() ? std::string("-") : provider},
          {"code", code},
          {"is_error", is_error},
@@ -117,6 +117,7 @@ void McpCoreBackend::CallToolAsync(McpCall call, pb::CallToolRequest req, ToolDo
   st->start = clock_->Monotonic();
   CallContext ctx;
   ctx.tenant = st->call.tenant;
+  ctx.session_id = AuditableSessionId(st->req.session_id());
   ctx.cancelled = st->call.cancelled;
   ctx.provider = &st->provider;
   std::function<void(OutputStream, absl::string_view)> on_output;

@@ -4,9 +4,12 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <cctype>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "tests/fakes/fake_common.h"
@@ -53,6 +56,20 @@ TEST(HttpClient, ReusesOneConnectionAndStreamsBodies) {
                         " auth=" + req.get_header_value("Authorization") +
                         " ua=" + req.get_header_value("User-Agent"),
                     "text/plain");
+  });
+  server.Get("/echo-encoded", [](const httplib::Request& req, httplib::Response& res) {
+    res.status = 400;  // a server quoting the key in JSON and in a URL
+    const std::string key = req.get_header_value("X-API-KEY");
+    std::string json_slashes, url;
+    for (char c : key) json_slashes += c == '/' ? std::string("\\/") : std::string(1, c);
+    for (char c : key) {
+      url += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'
+                 ? std::string(1, c)
+                 : absl::StrFormat("%%%02x", c);
+    }
+    res.set_content(absl::StrCat(R"({"error":"bad key \")", json_slashes, R"(\"","retry":"/v?key=)",
+                                 url, R"("})"),
+                    "application/json");
   });
   server.set_keep_alive_max_count(1000);  // httplib closes after 5 by default
   int port = server.bind_to_any_port("127.0.0.1");
@@ -105,6 +122,13 @@ TEST(HttpClient, ReusesOneConnectionAndStreamsBodies) {
   ASSERT_TRUE(echoed.ok()) << echoed.status();
   EXPECT_EQ(echoed->status, 500);
   EXPECT_EQ(echoed->body, "key=[redacted] auth=[redacted] ua=test-agent");
+  // JSON-escaped ("\/") and URL-encoded (lower-case hex) echoes too.
+  echo.url = base + "/echo-encoded";
+  echo.headers = {{"X-API-KEY", "dtn/CANARY+9=z"}};
+  echoed = client.Send(echo);
+  ASSERT_TRUE(echoed.ok()) << echoed.status();
+  EXPECT_EQ(echoed->status, 400);
+  EXPECT_EQ(echoed->body, R"({"error":"bad key \"[redacted]\"","retry":"/v?key=[redacted]"})");
   server.stop();
   t.join();
   HttpRequest refused;
