@@ -175,7 +175,13 @@ class Soak {
                           // must never share the default one.
                           {"state", {{"backend", "sqlite"}, {"path", dir_ + "/state.db"}}},
                           {"providers",
-                           {{"local", {{"workspace_root", ws_}, {"uid_base", 640000}}},
+                           {{"local",
+                             {{"workspace_root", ws_},
+                              {"uid_base", 640000},
+                              // Up to ~100 live sessions of 1 GiB limits,
+                              // most idle: admitted by overcommit, as an
+                              // operator with such a load would.
+                              {"capacity", {{"overcommit", {{"memory", 8}, {"disk", 8}}}}}}},
                             {"echo", nlohmann::json::object()}}}};
     std::ofstream(dir_ + "/config.json") << cfg.dump(2);
     pid_ = fork();

@@ -3,7 +3,7 @@
 # which already runs the whole suite under ASan+UBSan (scripts/test.sh):
 #   1. TSan: broker_tests, which includes the concurrency core (session
 #      table, single-flight, reaper, close races, streaming, cancellation)
-#   2. every libFuzzer target for FUZZ_SECONDS (default 20) each
+#   2. every libFuzzer target for FUZZ_SECONDS (default 15) each
 # Each step prints its duration.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,5 +18,5 @@ step() {
   echo "=== hardening: $name: passed in $(( $(date +%s) - s )) s ===" >&2
 }
 step "TSan suite" bash scripts/sanitize-test.sh thread
-step "fuzz every target ${FUZZ_SECONDS:-20}s" bash scripts/fuzz.sh all "${FUZZ_SECONDS:-20}"
+step "fuzz every target ${FUZZ_SECONDS:-15}s" bash scripts/fuzz.sh all "${FUZZ_SECONDS:-15}"
 echo "=== hardening: all steps passed in $(( $(date +%s) - t0 )) s ===" >&2

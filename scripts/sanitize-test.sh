@@ -67,8 +67,12 @@ else
   # McpHttpTest's two slow-SSE-reader cases move megabytes through the same
   # buffers (half a minute each here). The etcd cluster cases run with
   # three replicas only: one replica is the three-replica case's subset
-  # (the ASan suite runs both).
-  threads='*-ContainmentTest.*:ProviderGarbageTest.*:SandboxctlTest.*:RunProcess.*:CgroupFs*:WorkspaceFsTest.*:ConcurrencyTest.ASlowStreamReader*:FilesTest.LargeFiles*:TransferLimitTest.*:McpHttpTest.ASlowSseReader*:McpHttpTest.AnSseAnswerLeftUnread*:Etcd/ClusterTest.*/1Node'
+  # (the ASan suite runs both). Of the code contexts, whose subject is
+  # the kernel and IPython, only the concurrent first calls (one
+  # supervisor, one default context) run here; of the crash suite's
+  # providers, local and e2b (daytona's remote lifecycle is e2b's shape).
+  contexts='ContextsTest.A*:ContextsTest.Ch*:ContextsTest.ContextsSurvive*:ContextsTest.O*:ContextsTest.T*:ContextsTest.V*'
+  threads="*-ContainmentTest.*:ProviderGarbageTest.*:SandboxctlTest.*:RunProcess.*:CgroupFs*:WorkspaceFsTest.*:ConcurrencyTest.ASlowStreamReader*:FilesTest.LargeFiles*:TransferLimitTest.*:McpHttpTest.ASlowSseReader*:McpHttpTest.AnSseAnswerLeftUnread*:Etcd/ClusterTest.*/1Node:$contexts:Providers/CrashTest.*/daytona"
   filter="${TSAN_FILTER:-threads}"
   case "$filter" in
     core) filter="$core" ;;

@@ -117,6 +117,10 @@ struct ProviderHooks {
   std::vector<int> broker_ports;
   // Called from the provider's threads; must not block.
   std::function<void(const NetworkEvent&)> on_network_event;
+  // A host-wide resource's capacity (0 = no limit) and what sandboxes
+  // reserve of it, after each change (local provider: capacity.h). Must
+  // not block or call back into the provider.
+  std::function<void(const std::string& resource, int64_t capacity, int64_t in_use)> on_capacity;
 };
 
 // Tags (E2B metadata, Daytona labels) that name a sandbox's owner.

@@ -178,6 +178,27 @@ absl::Status CgroupFs::SetTreeCpuWeight(int64_t weight) const {
   return Put(parent + "/cpu.shares", absl::StrCat(std::max<int64_t>(2, weight * 1024 / 100)));
 }
 
+absl::Status CgroupFs::SetTreeLimits(int64_t memory_bytes, int64_t pids) const {
+  auto value = [](int64_t v, const char* none) {
+    return v > 0 ? absl::StrCat(v) : std::string(none);
+  };
+  if (version_ == 2) {
+    if (absl::Status s = MakeV2Parent(); !s.ok()) return s;
+    const std::string parent = absl::StrCat(root_, "/", parent_);
+    absl::Status s = Put(parent + "/memory.max", value(memory_bytes, "max"));
+    if (s.ok()) s = Put(parent + "/pids.max", value(pids, "max"));
+    return s;
+  }
+  const std::string mem = absl::StrCat(mem_, "/", parent_);
+  const std::string pid = absl::StrCat(pids_, "/", parent_);
+  for (const std::string& d : {mem, pid}) {
+    if (absl::Status s = MkDir(d); !s.ok()) return s;
+  }
+  absl::Status s = Put(mem + "/memory.limit_in_bytes", value(memory_bytes, "-1"));
+  if (s.ok()) s = Put(pid + "/pids.max", value(pids, "max"));
+  return s;
+}
+
 absl::Status CgroupFs::CreateSandbox(const std::string& name, const CgroupLimits& limits) const {
   if (version_ == 2) {
     const std::string parent = absl::StrCat(root_, "/", parent_);

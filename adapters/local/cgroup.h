@@ -47,6 +47,10 @@ class CgroupFs {
   // v2 cpu.weight = `weight` (1-10000, 100 = the kernel's default, one
   // ordinary process); v1 cpu.shares = weight * 1024 / 100.
   absl::Status SetTreeCpuWeight(int64_t weight) const;
+  // The parent group's own memory and pids limits (0 = none), over all
+  // sandboxes together: v2 memory.max and pids.max; v1
+  // memory.limit_in_bytes and pids.max.
+  absl::Status SetTreeLimits(int64_t memory_bytes, int64_t pids) const;
   // Creates (or, after a crash, reuses) the sandbox's group with `limits`.
   absl::Status CreateSandbox(const std::string& name, const CgroupLimits& limits) const;
   // Creates a child group ("init", "run-3"); its cgroup.procs files opened

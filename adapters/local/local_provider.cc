@@ -364,6 +364,8 @@ class LocalSandbox final : public Sandbox {
     int tmp_fd = -1;
     // The sandbox's egress point, when it has network rules.
     std::unique_ptr<EgressPoint> egress;
+    // Its limits, reserved against the host's capacity.
+    CapacityLedger::Hold capacity;
   };
 
   LocalSandbox(const LocalProvider* provider, std::shared_ptr<LocalProvider::UidPool> uids,
@@ -741,11 +743,13 @@ class LocalSandbox final : public Sandbox {
     }
     if (cg_) cg_->Kill(p_.id);
     std::unique_ptr<EgressPoint> egress;
+    CapacityLedger::Hold capacity;  // returned to the host as Stop returns
     {
       absl::MutexLock l(&mu_);
       auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return running_ == 0; };
       mu_.Await(absl::Condition(&idle));
       egress = std::move(p_.egress);
+      capacity = std::move(p_.capacity);
     }
     return true;
   }
@@ -1461,6 +1465,27 @@ LocalLimits ReadLimits(ConfigReader& parent, const std::string& key, const Local
   return l;
 }
 
+// providers.local.capacity (-1 where absent: what the host has).
+LocalCapacity ReadCapacity(ConfigReader& parent, const LocalCapacity& def) {
+  ConfigReader r(parent.Object("capacity"), parent.KeyPath("capacity"));
+  LocalCapacity c = def;
+  c.memory_bytes = r.Int("memory_bytes", def.memory_bytes, 0);
+  c.pids = r.Int("pids", def.pids, 0);
+  c.disk_bytes = r.Int("disk_bytes", def.disk_bytes, 0);
+  c.sandboxes = r.Int("sandboxes", def.sandboxes, 0);
+  {
+    ConfigReader o(r.Object("overcommit"), r.KeyPath("overcommit"));
+    c.memory_overcommit = o.Number("memory", def.memory_overcommit, 1, 1000);
+    c.pids_overcommit = o.Number("pids", def.pids_overcommit, 1, 1000);
+    c.disk_overcommit = o.Number("disk", def.disk_overcommit, 1, 1000);
+    absl::Status s = o.Finish();
+    if (!s.ok()) r.Fail("overcommit", std::string(s.message()));
+  }
+  absl::Status s = r.Finish();
+  if (!s.ok()) parent.Fail("capacity", std::string(s.message()));
+  return c;
+}
+
 }  // namespace
 
 absl::StatusOr<LocalConfig> ParseLocalConfig(const nlohmann::json& json) {
@@ -1494,6 +1519,7 @@ absl::StatusOr<LocalConfig> ParseLocalConfig(const nlohmann::json& json) {
   c.persistent_tmp = r.Bool("persistent_tmp", c.persistent_tmp);
   c.limits = ReadLimits(r, "limits", c.limits);
   c.max_limits = ReadLimits(r, "max_limits", c.max_limits);
+  c.capacity = ReadCapacity(r, c.capacity);
   c.enforcement = r.Enum("enforcement", "strict", {"strict", "best_effort"}) == "best_effort"
                       ? Enforcement::kBestEffort
                       : Enforcement::kStrict;
@@ -1801,6 +1827,14 @@ absl::StatusOr<std::unique_ptr<Sandbox>> LocalProvider::Start(const std::string&
                                                               const SandboxSpec& spec, bool fresh) {
   ASSIGN_OR_RETURN(LocalLimits limits, LimitsFor(spec.resources, spec.ceiling));
   LocalSandbox::Parts parts;
+  // Host-wide admission first: a refusal leaves nothing to undo. A sandbox
+  // that exists already (an attach) is counted whether or not it fits.
+  const CapacityAsk ask{limits.memory_bytes, limits.pids, limits.disk_bytes};
+  if (fresh) {
+    ASSIGN_OR_RETURN(parts.capacity, capacity_->Reserve(ask));
+  } else {
+    parts.capacity = capacity_->Force(ask);
+  }
   parts.id = id;
   parts.dir = SandboxDir(id);
   parts.workspace = parts.dir + "/workspace";
@@ -2034,6 +2068,9 @@ absl::Status LocalProvider::ProbeEnforcement() {
       absl::Status s = cg->CreateSandbox(probe, l);
       (void)cg->Remove(probe);
       if (s.ok()) s = cg->SetTreeCpuWeight(config_.cpu_weight);
+      // The host's capacity as the whole tree's limits: the kernel holds
+      // the line admission draws, whatever the sandboxes' own limits.
+      if (s.ok()) s = cg->SetTreeLimits(config_.capacity.memory_bytes, config_.capacity.pids);
       if (s.ok()) {
         cgroups_ = std::make_unique<CgroupFs>(*cg);
         enforcement_.cgroups = true;
@@ -2208,7 +2245,24 @@ absl::StatusOr<std::unique_ptr<LocalProvider>> LocalProvider::Create(LocalConfig
           closed));
     }
   }
+  {
+    // What the host has, where the config leaves it (-1).
+    const LocalCapacity host = HostCapacity("/proc", config.workspace_root);
+    LocalCapacity& c = config.capacity;
+    if (c.memory_bytes < 0) c.memory_bytes = host.memory_bytes;
+    if (c.pids < 0) c.pids = host.pids;
+    if (c.disk_bytes < 0) c.disk_bytes = host.disk_bytes;
+    Log(LogLevel::kInfo, "local.capacity",
+        {{"memory_bytes", c.memory_bytes},
+         {"pids", c.pids},
+         {"disk_bytes", c.disk_bytes},
+         {"sandboxes", c.sandboxes},
+         {"memory_overcommit", c.memory_overcommit},
+         {"pids_overcommit", c.pids_overcommit},
+         {"disk_overcommit", c.disk_overcommit}});
+  }
   std::unique_ptr<LocalProvider> p(new LocalProvider(std::move(config), std::move(uids)));
+  p->capacity_ = std::make_unique<CapacityLedger>(p->config_.capacity);
   if (geteuid() == 0 && p->config_.isolation == Isolation::kBwrap) {
     absl::StatusOr<std::unique_ptr<Egress>> egress = Egress::Start();
     if (egress.ok()) {
@@ -2228,6 +2282,7 @@ absl::StatusOr<std::unique_ptr<LocalProvider>> LocalProvider::Create(LocalConfig
 }
 
 void LocalProvider::SetHooks(ProviderHooks hooks) {
+  if (hooks.on_capacity) capacity_->SetReport(hooks.on_capacity);
   if (egress_ != nullptr) egress_->SetHooks(std::move(hooks));
 }
 

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "adapters/api/provider.h"
+#include "adapters/local/capacity.h"
 #include "adapters/local/process_runner.h"
 #include "nlohmann/json.hpp"
 
@@ -95,6 +96,10 @@ struct LocalConfig {
   // Retired: /tmp now always lasts the sandbox's life (one container per
   // session). Accepted for old configs.
   bool persistent_tmp = true;
+  // Host-wide admission (capacity.h; providers.local.capacity): what all
+  // sandboxes together may reserve. -1 = what the host has (HostCapacity),
+  // 0 = no limit.
+  LocalCapacity capacity = {-1, -1, -1, 0};
 };
 
 // Reads providers.local; INVALID_ARGUMENT naming the key on bad values.
@@ -161,6 +166,8 @@ class LocalProvider final : public Provider {
   // Whether sessions here may have network rules (docs/network.md), and
   // why not.
   bool egress_available() const { return egress_ != nullptr; }
+  // The host-wide reservations (capacity.h).
+  const CapacityLedger& capacity() const { return *capacity_; }
 
   // Arguments that wrap `command` in the sandbox (bwrap options included);
   // exposed for benchmarks that run the same invocation without the broker.
@@ -202,6 +209,8 @@ class LocalProvider final : public Provider {
   LocalEnforcement enforcement_;
   mutable std::atomic<int> runs_in_flight_{0};
   std::unique_ptr<CgroupFs> cgroups_;  // null when not enforced
+  // Every sandbox's limits reserved against the host (capacity.h).
+  std::unique_ptr<CapacityLedger> capacity_;
   // Network policies (egress.h); null when this host cannot enforce them,
   // and why. Declared after nothing a sandbox needs: sandboxes end first.
   std::unique_ptr<Egress> egress_;

@@ -621,6 +621,12 @@ struct NetworkEventSink {
     a.fields["rule"] = e.rule;
     audit->Record(a);
   }
+
+  void Capacity(const std::string& provider, const std::string& resource, int64_t capacity,
+                int64_t in_use) {
+    absl::MutexLock l(&mu);
+    if (metrics != nullptr) metrics->Capacity(provider, resource, capacity, in_use);
+  }
 };
 
 void BrokerServer::HookProviders() {
@@ -639,6 +645,10 @@ void BrokerServer::HookProviders() {
     hooks.broker_ports = ports;
     std::shared_ptr<NetworkEventSink> sink = network_sink_;
     hooks.on_network_event = [sink, name](const NetworkEvent& e) { sink->Record(name, e); };
+    hooks.on_capacity = [sink, name](const std::string& resource, int64_t capacity,
+                                     int64_t in_use) {
+      sink->Capacity(name, resource, capacity, in_use);
+    };
     (*providers_->Find(name))->SetHooks(std::move(hooks));
   }
 }

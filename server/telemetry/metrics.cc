@@ -1,5 +1,7 @@
 #include "server/telemetry/metrics.h"
 
+#include <map>
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -122,6 +124,15 @@ Metrics::Metrics()
                      .Name("sandbox_broker_pool_size")
                      .Help("Ready, unclaimed members of a provider's warm pool")
                      .Register(*registry_)),
+      capacity_(prometheus::BuildGauge()
+                    .Name("sandbox_broker_provider_capacity")
+                    .Help("What a provider's sandboxes together may reserve of a host resource "
+                          "(capacity x overcommit; 0 = no limit)")
+                    .Register(*registry_)),
+      capacity_in_use_(prometheus::BuildGauge()
+                           .Name("sandbox_broker_provider_capacity_in_use")
+                           .Help("What a provider's sandboxes reserve of a host resource now")
+                           .Register(*registry_)),
       pool_hits_(prometheus::BuildCounter()
                      .Name("sandbox_broker_pool_hits_total")
                      .Help("New sessions that took a warm-pool member instead of creating")
@@ -236,6 +247,14 @@ void Metrics::TenantRunRefused(const std::string& tenant) {
 
 void Metrics::PoolSize(const std::string& provider, int64_t ready) {
   pool_size_.Add({{"provider", provider}}).Set(static_cast<double>(ready));
+}
+
+void Metrics::Capacity(const std::string& provider, const std::string& resource, int64_t capacity,
+                       int64_t in_use) {
+  const std::map<std::string, std::string> labels = {{"provider", provider},
+                                                     {"resource", resource}};
+  capacity_.Add(labels).Set(static_cast<double>(capacity));
+  capacity_in_use_.Add(labels).Set(static_cast<double>(in_use));
 }
 
 void Metrics::PoolHit(const std::string& provider) {

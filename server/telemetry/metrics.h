@@ -57,6 +57,10 @@ class Metrics {
   // Warm pools (server/sessions/warm_pool.h): ready members now; a session that took
   // one; a session that created instead (`reason`: "empty" or "mismatch").
   void PoolSize(const std::string& provider, int64_t ready);
+  // A provider's host-wide capacity (0 = no limit) and what its sandboxes
+  // reserve of it (providers.local.capacity).
+  void Capacity(const std::string& provider, const std::string& resource, int64_t capacity,
+                int64_t in_use);
   void PoolHit(const std::string& provider);
   void PoolMiss(const std::string& provider, const std::string& reason);
   // Network policies (docs/network.md).
@@ -94,6 +98,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& tenant_run_refusals_;
   prometheus::Family<prometheus::Gauge>& degraded_;
   prometheus::Family<prometheus::Gauge>& pool_size_;
+  prometheus::Family<prometheus::Gauge>& capacity_;
+  prometheus::Family<prometheus::Gauge>& capacity_in_use_;
   prometheus::Family<prometheus::Counter>& pool_hits_;
   prometheus::Family<prometheus::Counter>& pool_misses_;
   prometheus::Family<prometheus::Counter>& egress_connections_;

@@ -8,8 +8,11 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
 #include <sstream>
+#include <string>
 
+#include "adapters/local/capacity.h"
 #include "tests/testing/temp_dir.h"
 
 namespace sandbox {
@@ -161,6 +164,38 @@ TEST(CgroupFsV2, TreeCpuWeight) {
   EXPECT_EQ(Read(root + "/sb/cpu.weight"), "100");
 }
 
+// The host's capacity as the tree's own limits (0: none).
+TEST(CgroupFsV2, TreeLimits) {
+  TempDir dir;
+  const std::string root = dir.path();
+  Write(root + "/cgroup.controllers", "cpu memory pids\n");
+  auto cg = CgroupFs::Detect(root, "sb");
+  ASSERT_TRUE(cg.ok()) << cg.status();
+  ASSERT_TRUE(cg->SetTreeLimits(int64_t{20} << 30, 30000).ok());
+  EXPECT_EQ(Read(root + "/sb/memory.max"), "21474836480");
+  EXPECT_EQ(Read(root + "/sb/pids.max"), "30000");
+  ASSERT_TRUE(cg->SetTreeLimits(0, 0).ok());
+  EXPECT_EQ(Read(root + "/sb/memory.max"), "max");
+  EXPECT_EQ(Read(root + "/sb/pids.max"), "max");
+}
+
+TEST(CgroupFsV1, TreeLimits) {
+  TempDir dir;
+  const std::string root = dir.path();
+  for (const char* c : {"memory", "pids", "cpu"}) {
+    mkdir((root + "/" + c).c_str(), 0755);
+    Write(root + "/" + c + "/cgroup.procs", "");
+  }
+  auto cg = CgroupFs::Detect(root, "sb");
+  ASSERT_TRUE(cg.ok()) << cg.status();
+  ASSERT_TRUE(cg->SetTreeLimits(int64_t{1} << 30, 500).ok());
+  EXPECT_EQ(Read(root + "/memory/sb/memory.limit_in_bytes"), "1073741824");
+  EXPECT_EQ(Read(root + "/pids/sb/pids.max"), "500");
+  ASSERT_TRUE(cg->SetTreeLimits(0, 0).ok());
+  EXPECT_EQ(Read(root + "/memory/sb/memory.limit_in_bytes"), "-1");
+  EXPECT_EQ(Read(root + "/pids/sb/pids.max"), "max");
+}
+
 TEST(CgroupFsV1, TreeCpuWeightIsShares) {
   TempDir dir;
   const std::string root = dir.path();
@@ -188,4 +223,69 @@ TEST(CgroupFs, NoUsableHierarchyIsAClearError) {
 }
 
 }  // namespace
+// ---- host-wide capacity (capacity.h) -----------------------------------------
+
+TEST(CapacityLedgerTest, ReservesUpToCapacityTimesOvercommitAndNamesTheKey) {
+  LocalCapacity c;
+  c.memory_bytes = 3000;
+  c.pids = 100;
+  c.disk_bytes = 0;  // no limit
+  c.sandboxes = 3;
+  c.pids_overcommit = 2;
+  CapacityLedger ledger(c);
+  std::map<std::string, std::pair<int64_t, int64_t>> seen;
+  ledger.SetReport([&](const std::string& r, int64_t cap, int64_t used) { seen[r] = {cap, used}; });
+  EXPECT_EQ(seen["memory_bytes"], std::make_pair(int64_t{3000}, int64_t{0}));
+  auto a = ledger.Reserve({1000, 150, 1 << 30});
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = ledger.Reserve({1000, 50, 1 << 30});  // pids 200 = 100 x 2
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto c3 = ledger.Reserve({1001, 0, 0});
+  EXPECT_EQ(c3.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(c3.status().message(),
+            "local: providers.local.capacity.memory_bytes reached: 2000 bytes in use by 2 "
+            "sandboxes, 1001 bytes asked, 3000 bytes in all (capacity x overcommit); close a "
+            "session first");
+  EXPECT_EQ(ledger.Reserve({0, 1, 0}).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(seen["pids"], std::make_pair(int64_t{200}, int64_t{200}));
+  EXPECT_EQ(seen["disk_bytes"], std::make_pair(int64_t{0}, int64_t{2} << 30));
+  auto d = ledger.Reserve({1000, 0, 0});
+  ASSERT_TRUE(d.ok());
+  auto e = ledger.Reserve({0, 0, 0});  // the fourth sandbox
+  EXPECT_NE(e.status().message().find("capacity.sandboxes reached"), std::string::npos)
+      << e.status();
+  // A sandbox that exists already is counted, never refused.
+  CapacityLedger::Hold forced = ledger.Force({5000, 0, 0});
+  EXPECT_EQ(ledger.sandboxes(), 4);
+  EXPECT_EQ(ledger.in_use().memory_bytes, 8000);
+  forced.Release();
+  a->Release();
+  CapacityLedger::Hold moved = std::move(*b);
+  b->Release();  // moved from: nothing
+  EXPECT_EQ(ledger.sandboxes(), 2);
+  EXPECT_EQ(seen["sandboxes"], std::make_pair(int64_t{3}, int64_t{2}));
+  moved.Release();
+  d->Release();
+  EXPECT_EQ(ledger.in_use().memory_bytes, 0);
+  EXPECT_EQ(ledger.in_use().pids, 0);
+}
+
+TEST(CapacityLedgerTest, TheHostsCapacityLessAReserve) {
+  TempDir dir;
+  const std::string proc = dir.path() + "/proc";
+  mkdir(proc.c_str(), 0755);
+  mkdir((proc + "/sys").c_str(), 0755);
+  mkdir((proc + "/sys/kernel").c_str(), 0755);
+  Write(proc + "/meminfo", "MemTotal:       25165824 kB\nMemFree:        1000 kB\n");
+  Write(proc + "/sys/kernel/pid_max", "4194304\n");
+  Write(proc + "/sys/kernel/threads-max", "100000\n");
+  LocalCapacity c = HostCapacity(proc, dir.path());
+  EXPECT_EQ(c.memory_bytes, (int64_t{24} << 30) - (int64_t{24} << 30) / 10);  // 10% above 1 GiB
+  EXPECT_EQ(c.pids, 90000);
+  EXPECT_GT(c.disk_bytes, 0);  // the free space of the temp dir's filesystem, less its reserve
+  Write(proc + "/meminfo", "MemTotal:       524288 kB\n");    // 512 MiB: less than the reserve
+  EXPECT_EQ(HostCapacity(proc, dir.path()).memory_bytes, 0);  // no limit rather than none left
+  EXPECT_EQ(HostCapacity(dir.path() + "/nothing", dir.path()).pids, 0);
+}
+
 }  // namespace sandbox

@@ -18,12 +18,14 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "adapters/local/disk_image.h"
 #include "tests/testing/child_process.h"
@@ -616,6 +618,68 @@ TEST(LocalProviderStartup, GivesTheSandboxTreeItsCpuWeight) {
   } else {
     EXPECT_EQ(absl::StripAsciiWhitespace(weight), "300");
   }
+}
+
+// Host-wide admission: sandboxes' limits are reserved against
+// providers.local.capacity; one that would pass it is refused naming the
+// key before anything is made, a destroyed one gives its share back, and
+// the parent group carries the capacity as its own limits (a parent of the
+// test's own, removed after).
+TEST(LocalProviderStartup, TheHostsCapacityAdmitsSandboxesAndLimitsTheTree) {
+  TempDir dir;
+  LocalConfig c;
+  c.workspace_root = dir.path() + "/ws";
+  c.uid_base = 614000;
+  c.cgroup_parent = absl::StrCat("sandbox-broker-capacity-test-", getpid());
+  c.capacity.memory_bytes = int64_t{3} << 29;  // 1.5 GiB: room for one 1 GiB sandbox
+  c.capacity.pids = 4096;
+  auto p = LocalProvider::Create(c);
+  ASSERT_TRUE(p.ok()) << p.status();
+  absl::Mutex mu;
+  std::map<std::string, std::pair<int64_t, int64_t>> seen;
+  ProviderHooks hooks;
+  hooks.on_capacity = [&](const std::string& r, int64_t cap, int64_t used) {
+    absl::MutexLock l(&mu);
+    seen[r] = {cap, used};
+  };
+  (*p)->SetHooks(hooks);
+  SandboxSpec spec;
+  spec.tenant = "t";
+  spec.session_id = "cap-1";
+  auto first = (*p)->Create(spec);
+  ASSERT_TRUE(first.ok()) << first.status();
+  spec.session_id = "cap-2";
+  auto second = (*p)->Create(spec);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted) << second.status();
+  EXPECT_NE(second.status().message().find("providers.local.capacity.memory_bytes reached: "
+                                           "1073741824 bytes in use by 1 sandboxes"),
+            std::string::npos)
+      << second.status();
+  {
+    absl::MutexLock l(&mu);
+    EXPECT_EQ(seen["memory_bytes"], std::make_pair(int64_t{3} << 29, int64_t{1} << 30));
+  }
+  ASSERT_TRUE((*first)->Destroy().ok());
+  first->reset();
+  EXPECT_EQ((*p)->capacity().sandboxes(), 0);
+  auto third = (*p)->Create(spec);
+  ASSERT_TRUE(third.ok()) << third.status();
+  ASSERT_TRUE((*third)->Destroy().ok());
+  third->reset();
+  const bool cgroups = (*p)->enforcement().cgroups;
+  const std::string detail = (*p)->enforcement().detail;
+  p->reset();
+  const std::string v1 =
+      ReadAll(absl::StrCat(c.cgroup_root, "/memory/", c.cgroup_parent, "/memory.limit_in_bytes"));
+  const std::string v2 = ReadAll(absl::StrCat(c.cgroup_root, "/", c.cgroup_parent, "/memory.max"));
+  const std::string pids = ReadAll(
+      absl::StrCat(c.cgroup_root, v1.empty() ? "/" : "/pids/", c.cgroup_parent, "/pids.max"));
+  for (const char* h : {"/memory/", "/pids/", "/cpu/", "/cpuacct/", "/"}) {
+    rmdir(absl::StrCat(c.cgroup_root, h, c.cgroup_parent).c_str());
+  }
+  if (!cgroups) GTEST_SKIP() << "no writable cgroups here: " << detail;
+  EXPECT_EQ(absl::StripAsciiWhitespace(v1.empty() ? v2 : v1), "1610612736");
+  EXPECT_EQ(absl::StripAsciiWhitespace(pids), "4096");
 }
 
 // A workspace_root with workspaces mounted below it while it was not a
