@@ -198,10 +198,12 @@ absl::StatusOr<std::string> RunLedger::Do(const std::string& tenant, const std::
     } else {
       e->status = result.status();
     }
-    auto& runs = runs_[key];
-    auto it = runs.find(run_id);
-    current = it != runs.end() && it->second == e;
-    if (current && forget) runs.erase(it);
+    // Looked up, never re-created: a closed session's table stays gone.
+    if (auto sit = runs_.find(key); sit != runs_.end()) {
+      auto it = sit->second.find(run_id);
+      current = it != sit->second.end() && it->second == e;
+      if (current && forget) sit->second.erase(it);
+    }
   }
   // A record dropped meanwhile (the session closed, or went on in a new
   // sandbox) had its store row removed then; a retry may own the id now.

@@ -581,6 +581,30 @@ TEST_F(RunLedgerTest, ARunInFlightAcrossANewGenerationIsNotKept) {
   EXPECT_EQ(ran_, 1);
 }
 
+// A run still going when its session closes answers its caller, but its
+// record is not written back: a later session under the same id must not
+// find it.
+TEST_F(RunLedgerTest, ARunInFlightWhenItsSessionClosesLeavesNothing) {
+  absl::Notification started, release;
+  std::thread first([&] {
+    auto r = Ledger().Do("t", "s", "r1", "h",
+                         [&](const RunLedger::Started& s) -> absl::StatusOr<std::string> {
+                           s(1);
+                           started.Notify();
+                           release.WaitForNotification();
+                           return std::string("late");
+                         });
+    EXPECT_EQ(*r, "late");
+  });
+  started.WaitForNotification();
+  Ledger().ForgetSession("t", "s");
+  ASSERT_TRUE(store_->DeleteRun("t", "s", "r1").ok());  // as the session row's removal does
+  release.Notify();
+  first.join();
+  EXPECT_EQ(Ledger().CountForTest("t", "s"), 0);
+  EXPECT_TRUE(store_->LoadRuns()->empty());
+}
+
 TEST(RunIdValidationTest, IdsAndHashes) {
   EXPECT_TRUE(ValidateRunId("call_abc-1.2:3", "run_id").ok());
   EXPECT_FALSE(ValidateRunId("", "run_id").ok());
